@@ -1,0 +1,40 @@
+# tokenfeed developer entry points. `make demo` and `make test` work on a fresh machine:
+# they create .venv with every dependency pinned in constraints.txt, then do their job.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: env demo test check lint protos bench bench-quick clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml client/pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ./client -e '.[dev]'
+	touch $(STAMP)
+
+demo: env
+	$(PY) -m tokenfeed.server.demo
+
+test: env
+	$(PY) -m pytest -q
+
+lint: env
+	$(VENV)/bin/ruff check server client/tokenfeed/client tests bench scripts
+	$(VENV)/bin/ruff format --check server client/tokenfeed/client tests bench scripts
+
+check: lint test
+
+protos: env
+	$(PY) scripts/gen_protos.py
+
+bench: env
+	$(PY) -m bench.run
+
+bench-quick: env
+	$(PY) -m bench.run --quick
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache build *.egg-info */*.egg-info

@@ -1,0 +1,56 @@
+"""The client's exceptions, mapped back from gRPC status codes.
+
+    TokenfeedClientError            (.code: the grpc.StatusCode, .retryable)
+    ├── InvalidRequest              INVALID_ARGUMENT: fix the request (message says how)
+    ├── JobNotFound                 NOT_FOUND
+    ├── JobFailed                   FAILED_PRECONDITION: the job cannot serve (bad data, strict)
+    ├── Unavailable                 UNAVAILABLE: server down, draining, or job still indexing
+    └── DeadlineExceeded            DEADLINE_EXCEEDED
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class TokenfeedClientError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    retryable = False
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class InvalidRequest(TokenfeedClientError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class JobNotFound(TokenfeedClientError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class JobFailed(TokenfeedClientError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(TokenfeedClientError):
+    code = grpc.StatusCode.UNAVAILABLE
+    retryable = True
+
+
+class DeadlineExceeded(TokenfeedClientError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    retryable = True
+
+
+_BY_CODE = {cls.code: cls for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable,
+                                      DeadlineExceeded)}  # fmt: skip
+
+
+def from_rpc_error(err: grpc.RpcError) -> TokenfeedClientError:
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    cls = _BY_CODE.get(code, TokenfeedClientError)
+    return cls(f"{code.name}: {details}", code)

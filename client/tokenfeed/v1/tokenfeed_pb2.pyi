@@ -1,0 +1,152 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
+    DTYPE_INT64: _ClassVar[DType]
+    DTYPE_UINT16: _ClassVar[DType]
+    DTYPE_UINT8: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_INDEXING: _ClassVar[JobState]
+    JOB_STATE_READY: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+DTYPE_UNSPECIFIED: DType
+DTYPE_INT32: DType
+DTYPE_INT64: DType
+DTYPE_UINT16: DType
+DTYPE_UINT8: DType
+DTYPE_FLOAT32: DType
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_INDEXING: JobState
+JOB_STATE_READY: JobState
+JOB_STATE_FAILED: JobState
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("job", "step", "rank", "world_size")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    rank: int
+    world_size: int
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class StreamBatchesRequest(_message.Message):
+    __slots__ = ("job", "start_step", "end_step", "rank", "world_size")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    START_STEP_FIELD_NUMBER: _ClassVar[int]
+    END_STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    start_step: int
+    end_step: int
+    rank: int
+    world_size: int
+    def __init__(self, job: _Optional[str] = ..., start_step: _Optional[int] = ..., end_step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("job", "step", "rank", "world_size", "tensors", "fingerprint", "epoch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    rank: int
+    world_size: int
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    fingerprint: str
+    epoch: int
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., fingerprint: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DescribeJobRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class BadRecordCount(_message.Message):
+    __slots__ = ("reason", "count")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    count: int
+    def __init__(self, reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("name", "fingerprint", "state", "error", "seq_len", "global_batch_size", "seed", "packing", "num_sources", "num_chunks", "chunks_indexed", "num_documents", "num_tokens", "rows_per_epoch", "steps_per_epoch", "bad_records", "tensor_names")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PACKING_FIELD_NUMBER: _ClassVar[int]
+    NUM_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
+    NUM_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BAD_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    state: JobState
+    error: str
+    seq_len: int
+    global_batch_size: int
+    seed: int
+    packing: str
+    num_sources: int
+    num_chunks: int
+    chunks_indexed: int
+    num_documents: int
+    num_tokens: int
+    rows_per_epoch: int
+    steps_per_epoch: int
+    bad_records: _containers.RepeatedCompositeFieldContainer[BadRecordCount]
+    tensor_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., error: _Optional[str] = ..., seq_len: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., packing: _Optional[str] = ..., num_sources: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunks_indexed: _Optional[int] = ..., num_documents: _Optional[int] = ..., num_tokens: _Optional[int] = ..., rows_per_epoch: _Optional[int] = ..., steps_per_epoch: _Optional[int] = ..., bad_records: _Optional[_Iterable[_Union[BadRecordCount, _Mapping]]] = ..., tensor_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,134 @@
+"""`tokenfeed` command line: serve, inspect, describe."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from tokenfeed.client.errors import TokenfeedClientError
+from tokenfeed.server import config as configmod
+from tokenfeed.server import logs
+from tokenfeed.server.errors import TokenfeedError
+
+log = logging.getLogger("tokenfeed")
+
+
+def _load(args) -> configmod.Config:
+    cfg = configmod.load(args.config)
+    server = cfg.server
+    if getattr(args, "listen", None):
+        server = dataclasses.replace(server, listen=args.listen)
+    if getattr(args, "cache_dir", None):
+        server = dataclasses.replace(server, cache_dir=args.cache_dir)
+    return dataclasses.replace(cfg, server=server)
+
+
+def cmd_serve(args) -> int:
+    from tokenfeed.server import app
+
+    cfg = _load(args)
+    logs.configure(args.log_format or cfg.server.log_format)
+    app.run(cfg, ready_file=args.ready_file)
+    return 0
+
+
+def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, world: int):
+    """Build the job's index in this process and compute the batch, with no server."""
+    from tokenfeed.server.app import build_jobs
+
+    spec = cfg.job(job_name)
+    job = build_jobs(dataclasses.replace(cfg, jobs=(spec,)))[spec.name]
+
+    async def build() -> None:
+        with ThreadPoolExecutor(cfg.server.tokenize_threads) as pool:
+            await job.build_index(pool, cfg.server.tokenize_threads)
+        await job.wait_ready(0)
+
+    asyncio.run(build())
+    return job, job.batch(step, rank, world)[1]
+
+
+def cmd_inspect(args) -> int:
+    from tokenfeed.server.tokenize import TextTokenizer
+
+    logs.configure("text", logging.WARNING)
+    cfg = _load(args)
+    spec = cfg.job(args.job)
+    if args.target:
+        from tokenfeed.client import Client
+
+        with Client(args.target, job=spec.name) as client:
+            batch = client.get_batch(args.step, rank=args.rank, world_size=args.world_size)
+        arrays = dict(batch)
+    else:
+        _, arrays = _local_batch(cfg, spec.name, args.step, args.rank, args.world_size)
+    tok = TextTokenizer(spec.tokenizer)
+    ids = arrays["input_ids"]
+    print(f"job {spec.name} step {args.step} rank {args.rank}/{args.world_size}: "
+          f"{ids.shape[0]} rows x {ids.shape[1]} tokens")  # fmt: skip
+    for r in range(min(args.rows, ids.shape[0])):
+        segments = arrays["segment_ids"][r]
+        print(f"--- row {r}: {int(segments.max())} document piece(s)")
+        if args.tokens:
+            print(" ".join(str(int(i)) for i in ids[r][: args.tokens]))
+        text = tok.decode(ids[r])
+        print(text if args.chars <= 0 else text[: args.chars])
+    return 0
+
+
+def cmd_describe(args) -> int:
+    from tokenfeed.client import Client
+
+    with Client(args.target) as client:
+        infos = [client.describe(args.job)] if args.job else client.list_jobs()
+    print(json.dumps(infos, indent=2, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenfeed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gRPC daemon")
+    p.add_argument("--config", required=True, help="YAML or TOML config file")
+    p.add_argument("--listen", help="override server.listen, e.g. 127.0.0.1:0")
+    p.add_argument("--cache-dir", help="override server.cache_dir")
+    p.add_argument("--ready-file", help="write {address, pid} as JSON here once serving")
+    p.add_argument("--log-format", choices=("text", "json"), help="override server.log_format")
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("inspect", help="print a batch decoded back to text")
+    p.add_argument("--config", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--step", type=int, default=0)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--rows", type=int, default=2, help="rows to print")
+    p.add_argument("--chars", type=int, default=600, help="characters per row (0: all)")
+    p.add_argument("--tokens", type=int, default=0, help="also print the first N token ids")
+    p.add_argument("--target", help="fetch from this server instead of computing locally")
+    p.add_argument("--cache-dir", help="override server.cache_dir (local mode)")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("describe", help="print a server's jobs as JSON")
+    p.add_argument("--target", required=True, help="host:port of a tokenfeed server")
+    p.add_argument("--job", help="one job (default: all)")
+    p.set_defaults(fn=cmd_describe)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (TokenfeedError, TokenfeedClientError) as e:
+        print(f"tokenfeed: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Reading the documents of one chunk, with every bad record counted and located.
+
+Bad records are never silent: each one becomes a `BadRecord` with a reason and a location
+(`uri:line` for JSON Lines, `uri row N` for Parquet). The caller applies the job's policy:
+`skip` drops them (counted and logged), `strict` refuses the chunk with the first location.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from tokenfeed.server.chunks import Chunk
+from tokenfeed.server.errors import SourceError
+from tokenfeed.server.storage import ObjectStore
+
+REASONS = (
+    "invalid_utf8", "malformed_json", "not_an_object", "missing_field", "not_text", "empty",
+    "no_tokens",
+)  # fmt: skip
+_BLOCK = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    reason: str
+    location: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class ChunkDocuments:
+    texts: list[str]
+    bad: list[BadRecord]
+    records: int
+
+
+def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
+    """The bytes of the lines that start in [chunk.start, chunk.end), and where they start."""
+    obj, size = chunk.source, chunk.source.size
+    lo = max(chunk.start - 1, 0)
+    buf = store.read_range(obj, lo, chunk.end)
+    begin = 0
+    if chunk.start > 0:
+        nl = buf.find(b"\n")
+        if nl < 0 or lo + nl + 1 >= chunk.end:
+            return b"", chunk.end
+        begin = nl + 1
+    if not buf.endswith(b"\n") and chunk.end < size:
+        parts, pos = [buf], chunk.end
+        while pos < size:
+            more = store.read_range(obj, pos, pos + _BLOCK)
+            if not more:
+                break
+            k = more.find(b"\n")
+            parts.append(more if k < 0 else more[: k + 1])
+            if k >= 0:
+                break
+            pos += len(more)
+        buf = b"".join(parts)
+    return buf[begin:], lo + begin
+
+
+def _count_lines_before(store: ObjectStore, chunk: Chunk, offset: int) -> int:
+    count, pos = 0, 0
+    while pos < offset:
+        block = store.read_range(chunk.source, pos, min(pos + _BLOCK, offset))
+        count += block.count(b"\n")
+        pos += len(block)
+    return count
+
+
+def _decompressed(store: ObjectStore, chunk: Chunk) -> bytes:
+    raw = store.read_range(chunk.source, 0, chunk.source.size)
+    try:
+        if chunk.kind == "jsonl.gz":
+            return gzip.decompress(raw)
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+            return reader.read()
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
+        raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
+
+
+def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord | None]]:
+    """(line index within data, text or bad record or None for a blank line)."""
+    field = chunk.text_field
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            yield i, BadRecord("empty", "", "blank line")
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield i, BadRecord("invalid_utf8", "", f"byte {e.start} of the line")
+            continue
+        try:
+            record = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            yield i, BadRecord("malformed_json", "", str(e))
+            continue
+        if not isinstance(record, dict):
+            yield i, BadRecord("not_an_object", "", f"a JSON {type(record).__name__}")
+        elif field not in record:
+            yield i, BadRecord("missing_field", "", f"no {field!r} field")
+        elif not isinstance(record[field], str):
+            yield i, BadRecord("not_text", "", f"{field!r} is {type(record[field]).__name__}")
+        elif not record[field]:
+            yield i, BadRecord("empty", "", f"{field!r} is empty")
+        else:
+            yield i, record[field]
+
+
+def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+    if chunk.kind == "jsonl":
+        data, data_start = _line_range(store, chunk)
+    else:
+        data, data_start = _decompressed(store, chunk), 0
+    texts, bad, records = [], [], 0
+    line_base: int | None = 0 if data_start == 0 else None
+    for i, item in _parse_lines(data, chunk):
+        records += 1
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        if line_base is None:  # only paid when a range chunk has a bad record
+            line_base = _count_lines_before(store, chunk, data_start)
+        location = f"{chunk.source.uri}:{line_base + i + 1}"
+        bad.append(BadRecord(item.reason, location, item.detail))
+    return ChunkDocuments(texts, bad, records)
+
+
+def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+    try:
+        with store.open(chunk.source) as f:
+            table = pq.ParquetFile(f).read_row_group(chunk.row_group, columns=[chunk.text_field])
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"{chunk.describe()}: cannot read row group: {e}") from e
+    column = table.column(0)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    texts, bad = [], []
+    for i, value in enumerate(column.to_pylist()):
+        row = chunk.start + i
+        location = f"{chunk.source.uri} row {row}"
+        if value is None:
+            bad.append(BadRecord("missing_field", location, f"{chunk.text_field!r} is null"))
+            continue
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad.append(BadRecord("invalid_utf8", location, f"byte {e.start} of the value"))
+            continue
+        if not text:
+            bad.append(BadRecord("empty", location, f"{chunk.text_field!r} is empty"))
+            continue
+        texts.append(text)
+    return ChunkDocuments(texts, bad, len(table))
+
+
+def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+    if chunk.kind == "parquet":
+        return _read_parquet(store, chunk)
+    return _read_jsonl(store, chunk)

@@ -1,0 +1,134 @@
+"""The gRPC servicer: proto -> domain -> proto, and domain errors -> status codes, once, here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import grpc
+from tokenfeed.client.wire import encode_tensors
+from tokenfeed.server import errors
+from tokenfeed.server.job import MAX_STEP, READY, Job
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    errors.RequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.UnknownJobError: grpc.StatusCode.NOT_FOUND,
+    errors.NotReadyError: grpc.StatusCode.UNAVAILABLE,
+    errors.JobFailedError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.SourceError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.BadRecordError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
+}
+_STATES = {"indexing": pb.JOB_STATE_INDEXING, "ready": pb.JOB_STATE_READY,
+           "failed": pb.JOB_STATE_FAILED}  # fmt: skip
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str):
+    code = status_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("%s failed unexpectedly", method)
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    else:
+        message = str(exc)
+    await context.abort(code, message)
+
+
+def _unary(method):
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except Exception as exc:  # every failure becomes a status; none reaches grpc raw
+            await _abort(context, exc, method.__name__)
+
+    return wrapper
+
+
+class TokenFeedServicer(pb_grpc.TokenFeedServicer):
+    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float):
+        self.jobs = jobs
+        self.max_wait = max_wait_seconds
+
+    def _job(self, name: str) -> Job:
+        if not name:
+            raise errors.RequestError("job is required; ListJobs names the jobs of this server")
+        job = self.jobs.get(name)
+        if job is None:
+            raise errors.UnknownJobError(
+                f"unknown job {name!r}; this server has {sorted(self.jobs)}"
+            )
+        return job
+
+    async def _ready_job(self, name: str, step: int, rank: int, world_size: int, context) -> Job:
+        job = self._job(name)
+        job.check_request(step, rank, world_size)
+        remaining = context.time_remaining()
+        await job.wait_ready(min(self.max_wait, remaining if remaining is not None else math.inf))
+        return job
+
+    @staticmethod
+    def _batch(job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
+        epoch, arrays = job.batch(step, rank, world_size)
+        tensors, fingerprint = encode_tensors(arrays)
+        return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
+                        tensors=tensors, fingerprint=fingerprint, epoch=epoch)  # fmt: skip
+
+    @_unary
+    async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:
+        ws = request.world_size or 1
+        job = await self._ready_job(request.job, request.step, request.rank, ws, context)
+        return self._batch(job, request.step, request.rank, ws)
+
+    async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
+        try:
+            ws = request.world_size or 1
+            job = await self._ready_job(request.job, request.start_step, request.rank, ws, context)
+            end = request.end_step or MAX_STEP // job.spec.global_batch_size
+            if end <= request.start_step:
+                raise errors.RequestError(
+                    f"end_step {request.end_step} must be after start_step {request.start_step} "
+                    "(or 0 to stream until cancelled)"
+                )
+            for step in range(request.start_step, end):
+                yield self._batch(job, step, request.rank, ws)
+        except Exception as exc:
+            await _abort(context, exc, "StreamBatches")
+
+    @_unary
+    async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
+        return job_info(self._job(request.job))
+
+    @_unary
+    async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
+        return pb.ListJobsResponse(jobs=[job_info(self.jobs[n]) for n in sorted(self.jobs)])
+
+
+def job_info(job: Job) -> pb.JobInfo:
+    s = job.spec
+    ready = job.state == READY
+    return pb.JobInfo(
+        name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
+        seq_len=s.seq_len, global_batch_size=s.global_batch_size, seed=s.seed, packing=s.packing,
+        num_sources=len({c.source.uri for c in job.chunks}), num_chunks=len(job.chunks),
+        chunks_indexed=job.chunks_indexed,
+        num_documents=int(job.num_docs[job.num_docs > 0].sum()),
+        num_tokens=int(job.num_tokens[job.num_tokens > 0].sum()),
+        rows_per_epoch=job.rows_per_epoch if ready else 0,
+        steps_per_epoch=job.steps_per_epoch if ready else 0,
+        bad_records=[pb.BadRecordCount(reason=r, count=c)
+                     for r, c in sorted(job.bad_records.items())],
+        tensor_names=list(job.tensor_names),
+    )  # fmt: skip

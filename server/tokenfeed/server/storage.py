@@ -1,0 +1,95 @@
+"""Object storage behind a tiny interface, chosen by URI scheme.
+
+`file://` URIs and bare paths are served by `LocalStore` (the embedded default: nothing to start).
+Every object is identified by its URI and pinned by (size, version) the first time it is listed:
+a later read that sees another size or version raises `SourceChangedError` naming the object,
+so a job never mixes two versions of one object.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from tokenfeed.server.errors import SourceChangedError, SourceError
+
+
+@dataclass(frozen=True, order=True)
+class ObjectInfo:
+    uri: str
+    size: int
+    # Changes whenever the content may have changed: an ETag for object stores, the
+    # modification time in nanoseconds for local files.
+    version: str
+
+
+class ObjectStore(Protocol):
+    def list(self, pattern: str) -> list[ObjectInfo]:
+        """Objects matching a glob, sorted by URI."""
+        ...
+
+    def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a pinned object; end is clamped to its size."""
+        ...
+
+    def open(self, obj: ObjectInfo) -> BinaryIO:
+        """A seekable binary file over a pinned object."""
+        ...
+
+
+def _local_path(uri: str) -> str:
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+class LocalStore:
+    """Local files and globs (`**` recurses)."""
+
+    def list(self, pattern: str) -> list[ObjectInfo]:
+        path = _local_path(pattern)
+        matches = glob.glob(path, recursive=True) if glob.has_magic(path) else [path]
+        infos = []
+        for match in matches:
+            p = Path(match)
+            if p.is_dir():
+                continue
+            try:
+                st = p.stat()
+            except OSError as e:
+                raise SourceError(f"cannot stat source {match}: {e.strerror}") from e
+            infos.append(ObjectInfo(str(p.resolve()), st.st_size, str(st.st_mtime_ns)))
+        return sorted(infos)
+
+    def _check(self, obj: ObjectInfo, fd: int) -> None:
+        st = os.fstat(fd)
+        if st.st_size != obj.size or str(st.st_mtime_ns) != obj.version:
+            raise SourceChangedError(
+                f"source {obj.uri} changed after it was pinned: size {obj.size} -> {st.st_size}, "
+                f"mtime_ns {obj.version} -> {st.st_mtime_ns}; restart the job on a stable corpus"
+            )
+
+    def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        with self.open(obj) as f:
+            f.seek(start)
+            return f.read(max(0, min(end, obj.size) - start))
+
+    def open(self, obj: ObjectInfo) -> BinaryIO:
+        try:
+            f = open(_local_path(obj.uri), "rb")  # noqa: SIM115 - returned to the caller
+        except OSError as e:
+            raise SourceError(f"cannot open source {obj.uri}: {e.strerror}") from e
+        try:
+            self._check(obj, f.fileno())
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+
+def store_for(uri: str) -> ObjectStore:
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    if scheme == "file":
+        return LocalStore()
+    raise SourceError(f"unsupported URI scheme {scheme!r} in {uri!r}; supported: file://, paths")
