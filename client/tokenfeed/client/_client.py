@@ -135,7 +135,9 @@ class Client:
         return _to_dict(info)
 
     def list_jobs(self) -> list[dict]:
-        return [_to_dict(j) for j in self._call(self._stub.ListJobs, pb.ListJobsRequest(), None).jobs]
+        return [
+            _to_dict(j) for j in self._call(self._stub.ListJobs, pb.ListJobsRequest(), None).jobs
+        ]
 
 
 def _to_dict(msg) -> dict:

@@ -1,11 +1,11 @@
 """The client's exceptions, mapped back from gRPC status codes.
 
-    TokenfeedClientError            (.code: the grpc.StatusCode, .retryable)
-    ├── InvalidRequest              INVALID_ARGUMENT: fix the request (message says how)
-    ├── JobNotFound                 NOT_FOUND
-    ├── JobFailed                   FAILED_PRECONDITION: the job cannot serve (bad data, strict)
-    ├── Unavailable                 UNAVAILABLE: server down, draining, or job still indexing
-    └── DeadlineExceeded            DEADLINE_EXCEEDED
+TokenfeedClientError            (.code: the grpc.StatusCode, .retryable)
+├── InvalidRequest              INVALID_ARGUMENT: fix the request (message says how)
+├── JobNotFound                 NOT_FOUND
+├── JobFailed                   FAILED_PRECONDITION: the job cannot serve (bad data, strict)
+├── Unavailable                 UNAVAILABLE: server down, draining, or job still indexing
+└── DeadlineExceeded            DEADLINE_EXCEEDED
 """
 
 from __future__ import annotations

@@ -285,5 +285,6 @@ def load(path: str | Path) -> Config:
     try:
         raw = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {e}")
+        kind = "TOML" if path.suffix == ".toml" else "YAML"
+        raise ConfigError(f"{path}: not valid {kind}: {e}") from e
     return from_dict(raw, base=path.resolve().parent, origin=str(path))

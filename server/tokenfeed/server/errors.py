@@ -1,15 +1,15 @@
 """Domain errors. The service edge maps each class to one gRPC status code (service.py).
 
-    TokenfeedError
-    ├── ConfigError            a config file or value is invalid               (startup; INVALID_ARGUMENT)
-    ├── RequestError           a request cannot be served as asked             (INVALID_ARGUMENT)
-    ├── UnknownJobError        no job of that name                             (NOT_FOUND)
-    ├── NotReadyError          the index a request needs is still being built  (UNAVAILABLE)
-    ├── JobFailedError         the job cannot serve at all; says why           (FAILED_PRECONDITION)
-    ├── SourceError            a source object cannot be listed or read        (FAILED_PRECONDITION)
-    │   └── SourceChangedError an object changed after its version was pinned
-    ├── BadRecordError         a record is malformed and the policy is strict  (FAILED_PRECONDITION)
-    └── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
+TokenfeedError
+├── ConfigError            a config file or value is invalid               (INVALID_ARGUMENT)
+├── RequestError           a request cannot be served as asked             (INVALID_ARGUMENT)
+├── UnknownJobError        no job of that name                             (NOT_FOUND)
+├── NotReadyError          the index a request needs is still being built  (UNAVAILABLE)
+├── JobFailedError         the job cannot serve at all; says why           (FAILED_PRECONDITION)
+├── SourceError            a source object cannot be listed or read        (FAILED_PRECONDITION)
+│   └── SourceChangedError an object changed after its version was pinned
+├── BadRecordError         a record is malformed and the policy is strict  (FAILED_PRECONDITION)
+└── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
 """
 
 from __future__ import annotations

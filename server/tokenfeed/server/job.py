@@ -88,9 +88,9 @@ class Job:
     def _fingerprint(self) -> str:
         s, t = self.spec, self.tokenizer
         parts = [
-            f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}", f"batch={s.global_batch_size}",
-            f"seed={s.seed}", f"packing={s.packing}", f"dataset={s.dataset}",
-            f"window={s.window_chunks}", f"chunk_bytes={s.chunk_bytes}", f"tokenizer={t.digest}",
+            f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}",
+            f"batch={s.global_batch_size}", f"seed={s.seed}", f"packing={s.packing}",
+            f"dataset={s.dataset}", f"window={s.window_chunks}", f"chunk_bytes={s.chunk_bytes}", f"tokenizer={t.digest}",
             f"eos={t.eos_id}", f"bos={t.bos_id}", f"add_bos={t.add_bos}",
         ]  # fmt: skip
         parts += [f"chunk={c.source.uri}|{c.source.size}|{c.kind}|{c.text_field}|{c.start}|{c.end}"
@@ -107,8 +107,9 @@ class Job:
         """Tokenize every chunk not yet in the store; the job is READY or FAILED afterwards."""
         loop = asyncio.get_running_loop()
         n = len(self.chunks)
-        first_epoch = order.permute(np.arange(n), n, order.round_keys("chunks", self.spec.seed,
-                                                                      self.spec.dataset, 0))
+        first_epoch = order.permute(
+            np.arange(n), n, order.round_keys("chunks", self.spec.seed, self.spec.dataset, 0)
+        )
         todo = asyncio.Queue()
         for i in first_epoch:
             todo.put_nowait(int(i))
@@ -143,11 +144,17 @@ class Job:
             self._check_policy(bad)
             lengths = lengths[lengths > 0]
         for b in bad:
-            log.warning("job %s: skipped bad record %s", self.name, b,
-                        extra={"job": self.name, "reason": b.reason, "location": b.location})
+            log.warning(
+                "job %s: skipped bad record %s",
+                self.name,
+                b,
+                extra={"job": self.name, "reason": b.reason, "location": b.location},
+            )
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
-        return self.store.put(key, tokens, lengths, docs.records, counts, examples, chunk.describe())
+        return self.store.put(
+            key, tokens, lengths, docs.records, counts, examples, chunk.describe()
+        )
 
     def _check_policy(self, bad: list[BadRecord]) -> None:
         if bad and self.spec.bad_records == "strict":
