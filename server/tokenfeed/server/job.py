@@ -90,7 +90,8 @@ class Job:
         parts = [
             f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}",
             f"batch={s.global_batch_size}", f"seed={s.seed}", f"packing={s.packing}",
-            f"dataset={s.dataset}", f"window={s.window_chunks}", f"chunk_bytes={s.chunk_bytes}", f"tokenizer={t.digest}",
+            f"dataset={s.dataset}", f"window={s.window_chunks}", f"chunk_bytes={s.chunk_bytes}",
+            f"tokenizer={t.digest}",
             f"eos={t.eos_id}", f"bos={t.bos_id}", f"add_bos={t.add_bos}",
         ]  # fmt: skip
         parts += [f"chunk={c.source.uri}|{c.source.size}|{c.kind}|{c.text_field}|{c.start}|{c.end}"
