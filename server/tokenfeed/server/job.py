@@ -134,15 +134,17 @@ class Job:
         key, chunk = self.keys[i], self.chunks[i]
         found = self.store.get_index(key)
         if found is not None:
+            # Possibly stored by a job with the skip policy: the manifest kept the locations.
+            self._check_policy(found.bad_examples)
             return found
         docs = read_documents(store_for(chunk.source.uri), chunk)
-        self._check_policy(docs.bad)
+        self._check_policy([str(b) for b in docs.bad])
         tokens, lengths = self.tokenizer.encode(docs.texts)
         bad = list(docs.bad)
         if (lengths == 0).any():
             empty = np.nonzero(lengths == 0)[0]
             bad += [BadRecord("no_tokens", f"{chunk.describe()} document {d}") for d in empty]
-            self._check_policy(bad)
+            self._check_policy([str(b) for b in bad])
             lengths = lengths[lengths > 0]
         for b in bad:
             log.warning(
@@ -157,7 +159,7 @@ class Job:
             key, tokens, lengths, docs.records, counts, examples, chunk.describe()
         )
 
-    def _check_policy(self, bad: list[BadRecord]) -> None:
+    def _check_policy(self, bad: list[str]) -> None:
         if bad and self.spec.bad_records == "strict":
             raise BadRecordError(
                 f"job {self.name}: bad record at {bad[0]}; the job's policy is strict "

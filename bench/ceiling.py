@@ -1,0 +1,96 @@
+"""The raw gRPC ceiling: a minimal server that answers tokenfeed's RPCs with one pre-built batch.
+
+Same generated protos, same server options, same event loop (grpc.aio on uvloop) as the daemon,
+and the same payload (int32 tensors [rows, seq_len] with a valid fingerprint, so the client
+decodes and verifies exactly as it does against tokenfeed). It does no work per request beyond
+what gRPC itself does, so it measures what the transport and the client cost on this machine.
+
+    python -m bench.ceiling --rows 8 --seq-len 2048 --ready-file FILE [--listen 127.0.0.1:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import numpy as np
+import uvloop
+from tokenfeed.client.wire import encode_tensors
+from tokenfeed.server.app import GRPC_OPTIONS
+from tokenfeed.server.packing import TENSOR_NAMES
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+JOB = "ceiling"
+# Far beyond any stream the benchmark asks for; a stream with end_step 0 runs until cancelled.
+ENDLESS = 2**62
+
+
+def make_batch(rows: int, seq_len: int, vocab: int = 4096) -> pb.Batch:
+    """A batch shaped like tokenfeed's concat output, with random ids (gRPC ignores content)."""
+    rng = np.random.default_rng(0)
+    arrays = {name: rng.integers(0, vocab, (rows, seq_len), dtype=np.int32)
+              for name in TENSOR_NAMES}  # fmt: skip
+    tensors, fingerprint = encode_tensors(arrays)
+    return pb.Batch(job=JOB, step=0, rank=0, world_size=1, tensors=tensors,
+                    fingerprint=fingerprint)  # fmt: skip
+
+
+class CeilingServicer(pb_grpc.TokenFeedServicer):
+    def __init__(self, batch: pb.Batch, rows: int, seq_len: int):
+        self.batch = batch
+        self.info = pb.JobInfo(
+            name=JOB, state=pb.JOB_STATE_READY, seq_len=seq_len, global_batch_size=rows,
+            steps_per_epoch=ENDLESS, tensor_names=list(TENSOR_NAMES),
+        )  # fmt: skip
+
+    async def GetBatch(self, request, context):
+        return self.batch
+
+    async def StreamBatches(self, request, context):
+        for _ in range(request.start_step, request.end_step or ENDLESS):
+            yield self.batch
+
+    async def DescribeJob(self, request, context):
+        return self.info
+
+    async def ListJobs(self, request, context):
+        return pb.ListJobsResponse(jobs=[self.info])
+
+
+async def serve(listen: str, ready_file: Path, rows: int, seq_len: int) -> None:
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    servicer = CeilingServicer(make_batch(rows, seq_len), rows, seq_len)
+    pb_grpc.add_TokenFeedServicer_to_server(servicer, server)
+    port = server.add_insecure_port(listen)
+    await server.start()
+    address = f"{listen.rsplit(':', 1)[0]}:{port}"
+    tmp = ready_file.with_name(ready_file.name + ".tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(ready_file)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=2.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--listen", default="127.0.0.1:0")
+    parser.add_argument("--ready-file", required=True, type=Path)
+    parser.add_argument("--rows", type=int, required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    args = parser.parse_args()
+    uvloop.run(serve(args.listen, args.ready_file, args.rows, args.seq_len))
+
+
+if __name__ == "__main__":
+    main()

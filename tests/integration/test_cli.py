@@ -1,0 +1,91 @@
+"""The command line as users run it: inspect, describe, config errors, JSON logs, the demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import ServerProcess, job_spec, write_config, write_jsonl
+
+from tokenfeed.server import democorpus
+
+
+def tokenfeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokenfeed.server.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_inspect_prints_rows_decoded_back_to_text(tmp_path, texts):
+    corpus = write_jsonl(tmp_path / "c.jsonl", texts[:60])
+    cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([corpus])}, tmp_path / "cache")
+    out = tokenfeed("inspect", "--config", str(cfg), "--job", "j", "--step", "2", "--rows", "3",
+                    "--chars", "0")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "job j step 2 rank 0/1: 8 rows x 64 tokens" in out.stdout
+    rows = out.stdout.split("--- row ")[1:]
+    assert len(rows) == 3
+    for row in rows:
+        body = row.split("\n", 1)[1].strip()
+        # every decoded row is real text from the corpus (pieces joined by EOS)
+        pieces = [p.strip() for p in body.split(democorpus.EOS) if len(p.strip()) > 20]
+        assert pieces and all(any(p in t for t in texts[:60]) for p in pieces), body[:200]
+
+
+def test_inspect_through_a_server_matches_local(server, corpus):
+    cfg = server.log_path.parent / "tf.yaml"
+    local = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
+                      "--tokens", "32")  # fmt: skip
+    remote = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
+                       "--tokens", "32", "--target", server.address)  # fmt: skip
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    assert local.stdout == remote.stdout
+
+
+def test_describe_prints_the_jobs(server):
+    out = tokenfeed("describe", "--target", server.address)
+    assert out.returncode == 0, out.stderr
+    (job,) = json.loads(out.stdout)
+    assert job["name"] == "main" and job["state"] == "JOB_STATE_READY"
+    assert int(job["steps_per_epoch"]) == int(job["rows_per_epoch"]) // 8
+
+
+def test_config_errors_name_the_key_and_value(tmp_path, corpus):
+    cases = {
+        "seq_len": (job_spec([corpus / "*"], seq_len=-3), "jobs.j.seq_len", "-3"),
+        "packing": (job_spec([corpus / "*"], packing="zigzag"), "jobs.j.packing", "'zigzag'"),
+        "unknown": (job_spec([corpus / "*"], sqe_len=5), "jobs.j.sqe_len", "unknown key"),
+        "nomatch": (job_spec([tmp_path / "nothing-*.jsonl"]), "matched no objects", "nothing-"),
+    }
+    for name, (spec, where, value) in cases.items():
+        cfg = write_config(tmp_path / f"{name}.yaml", {"j": spec}, tmp_path / "cache")
+        out = tokenfeed("serve", "--config", str(cfg))
+        assert out.returncode == 2, (name, out.stderr)
+        assert where in out.stderr and value in out.stderr, (name, out.stderr)
+
+
+def test_json_logs_locate_each_skipped_record(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine text here, long enough"}\n{"text": 1}\n' * 30)
+    cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([path], seq_len=8)},
+                       tmp_path / "cache", log_format="json")  # fmt: skip
+    proc = ServerProcess(cfg, tmp_path / "log.txt")
+    try:
+        proc.wait_ready("j")
+    finally:
+        assert proc.stop() == 0
+    records = [json.loads(line) for line in proc.log().splitlines() if line.startswith("{")]
+    skipped = [r for r in records if r.get("reason") == "not_text"]
+    assert [r["location"] for r in skipped] == [f"{path}:{2 * i + 2}" for i in range(30)]
+    assert all(r["job"] == "j" and r["level"] == "warning" for r in skipped)
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenfeed.server.demo", "--out", str(tmp_path), "--steps", "30"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "same request again, same bytes: True" in out.stdout
+    assert "streamed 30 steps:" in out.stdout and "M tokens/s" in out.stdout
+    assert "server drained and exited with code 0" in out.stdout

@@ -1,0 +1,96 @@
+"""Test support: real server processes on loopback ports, configs and corpora on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tokenfeed.client import Client
+
+DATA = Path(__file__).parent / "data"
+TOKENIZER = DATA / "tokenizer.json"
+
+
+def write_config(path: Path, jobs: dict[str, dict], cache_dir: Path, **server) -> Path:
+    raw = {
+        "server": {"listen": "127.0.0.1:0", "cache_dir": str(cache_dir), **server},
+        "jobs": jobs,
+    }
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def job_spec(sources, **overrides) -> dict:
+    spec = {
+        "sources": [str(s) for s in sources],
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 64,
+        "global_batch_size": 8,
+        "seed": 11,
+        "chunk_bytes": "16KiB",
+        "window_chunks": 3,
+    }
+    spec.update(overrides)
+    return spec
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+class ServerProcess:
+    """`tokenfeed serve` in a child process; `address` once it listens."""
+
+    def __init__(self, config: Path, log_path: Path, *extra: str):
+        self.ready = config.with_suffix(f".ready.{time.monotonic_ns()}.json")
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(config),
+               "--ready-file", str(self.ready), *extra]  # fmt: skip
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"server did not start:\n{self.log()}")
+            time.sleep(0.02)
+        self.address = json.loads(self.ready.read_text())["address"]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, job: str | None = None, **kw) -> Client:
+        return Client(self.address, job=job, **kw)
+
+    def wait_ready(self, job: str, timeout: float = 60) -> dict:
+        with self.client(job) as c:
+            deadline = time.monotonic() + timeout
+            while True:
+                info = c.describe()
+                if info["state"] != "JOB_STATE_INDEXING" or time.monotonic() > deadline:
+                    return info
+                time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+
+def batch_bytes(batch) -> dict[str, bytes]:
+    return {name: arr.tobytes() for name, arr in batch.items()}

@@ -1,0 +1,88 @@
+"""Golden batches: the bytes of a fixed job over a shipped corpus and tokenizer, pinned.
+
+Any change that alters a batch (order, packing, tokenization, store format) fails here. If the
+change is deliberate, bump the format version where it applies and regenerate with
+`TOKENFEED_REGEN_GOLDEN=1 python -m pytest tests/test_golden.py`, then say so in the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from support import DATA, TOKENIZER
+
+from tokenfeed.client.wire import encode_tensors
+from tokenfeed.server import config as configmod
+from tokenfeed.server.app import build_jobs
+
+GOLDEN = DATA / "golden" / "expected.json"
+FULL_STEPS = (0, 5)
+FINGERPRINT_STEPS = (0, 1, 2, 3, 10, 25, 26, 27, 100, 1000)
+
+
+def _job(cache: Path):
+    raw = {
+        "server": {"cache_dir": str(cache)},
+        "jobs": {"golden": {
+            "sources": [str(DATA / "golden" / "corpus.jsonl")], "tokenizer": str(TOKENIZER),
+            "seq_len": 48, "global_batch_size": 4, "seed": 1234, "chunk_bytes": "8KiB",
+            "window_chunks": 3,
+        }},
+    }  # fmt: skip
+    job = build_jobs(configmod.from_dict(raw))["golden"]
+
+    async def build():
+        with ThreadPoolExecutor(2) as pool:
+            await job.build_index(pool, 2)
+
+    asyncio.run(build())
+    return job
+
+
+def _observe(job) -> dict:
+    out = {"steps_per_epoch": job.steps_per_epoch, "batches": {}}
+    for step in FINGERPRINT_STEPS:
+        epoch, arrays = job.batch(step, 0, 1)
+        _, fingerprint = encode_tensors(arrays)
+        entry = {"epoch": epoch, "fingerprint": fingerprint}
+        if step in FULL_STEPS:
+            entry["input_ids"] = arrays["input_ids"].tolist()
+            entry["position_ids"] = arrays["position_ids"][:, :12].tolist()
+            entry["segment_ids"] = arrays["segment_ids"][:, :12].tolist()
+        out["batches"][str(step)] = entry
+    store = job.store.root
+    out["store"] = sorted(json.loads(p.read_text())["bin_blake2b"] for p in store.rglob("*.json"))
+    return out
+
+
+def _dump(observed: dict) -> str:
+    """One line per batch and per row, so a diff shows which rows moved."""
+    lines = ["{", f' "steps_per_epoch": {observed["steps_per_epoch"]},', ' "batches": {']
+    items = list(observed["batches"].items())
+    for i, (step, batch) in enumerate(items):
+        lines.append(f'  "{step}": {{"epoch": {batch["epoch"]}, '
+                     f'"fingerprint": "{batch["fingerprint"]}"')  # fmt: skip
+        for name in ("input_ids", "position_ids", "segment_ids"):
+            if name in batch:
+                rows = ",\n    ".join(json.dumps(r) for r in batch[name])
+                lines[-1] += f',\n   "{name}": [\n    {rows}]'
+        lines[-1] += "}" + ("," if i < len(items) - 1 else "")
+    lines.append(" },")
+    lines.append(f' "store": {json.dumps(observed["store"])}')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def test_golden_batches(tmp_path):
+    observed = _observe(_job(tmp_path / "cache"))
+    if os.environ.get("TOKENFEED_REGEN_GOLDEN"):
+        GOLDEN.write_text(_dump(observed))
+    expected = json.loads(GOLDEN.read_text())
+    assert observed["steps_per_epoch"] == expected["steps_per_epoch"]
+    assert observed["store"] == expected["store"], "token store bytes changed"
+    for step, batch in expected["batches"].items():
+        assert observed["batches"][step] == batch, f"step {step} changed"
