@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tokenfeed.client import Client
 from tokenfeed.server import democorpus
-from tokenfeed.server.tokenize import TextTokenizer
 from tokenfeed.server.config import TokenizerSpec
+from tokenfeed.server.tokenize import TextTokenizer
 
 CONFIG = """\
 # tokenfeed demo config: one job over the local demo corpus.

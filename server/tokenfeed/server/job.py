@@ -83,6 +83,7 @@ class Job:
         self._ready = asyncio.Event()
         self._layouts = _LRU(4)
         self._streams = _LRU(512)
+        self._windows = _LRU(16)
         self._open = _LRU(256)
 
     def _fingerprint(self) -> str:
@@ -242,20 +243,28 @@ class Job:
             raise NotReadyError(f"job {self.name} is not ready ({self.state})")
         per_rank = self.spec.global_batch_size // world_size
         first = step * self.spec.global_batch_size + rank * per_rank
-        rows = np.arange(first, first + per_rank, dtype=np.int64)
-        epochs, within = np.divmod(rows, self.rows_per_epoch)
-        out = {name: [] for name in packing.TENSOR_NAMES}
-        for epoch in np.unique(epochs):
-            layout = self._layouts.get_or_make(int(epoch), lambda e=int(epoch): self._layout(e))
-            chunk_ids, chunk_rows = order.locate_rows(layout, within[epochs == epoch])
-            for c, r in zip(chunk_ids.tolist(), chunk_rows.tolist(), strict=True):
-                for name, arr in self._row(int(epoch), c, r).items():
-                    out[name].append(arr)
-        return int(epochs[0]), {name: np.stack(arrs) for name, arrs in out.items()}
+        epochs, within = np.divmod(np.arange(first, first + per_rank), self.rows_per_epoch)
+        shape = (per_rank, self.spec.seq_len)
+        out = {name: np.empty(shape, dtype=np.int32) for name in packing.TENSOR_NAMES}
+        for epoch in np.unique(epochs).tolist():
+            layout = self._layouts.get_or_make(epoch, lambda e=epoch: self._layout(e))
+            slots = np.nonzero(epochs == epoch)[0]
+            chunk_ids, chunk_rows = order.locate_rows(
+                layout, within[slots], lambda w, e=epoch: self._window_perm(e, w)
+            )
+            for c in np.unique(chunk_ids).tolist():
+                mine = chunk_ids == c
+                for name, arr in self._rows(epoch, c, chunk_rows[mine]).items():
+                    out[name][slots[mine]] = arr
+        return int(epochs[0]), out
 
     def _layout(self, epoch: int) -> order.EpochLayout:
         s = self.spec
         return order.epoch_layout(self.rows_per_chunk, s.seed, s.dataset, epoch, s.window_chunks)
+
+    def _window_perm(self, epoch: int, w: int) -> np.ndarray:
+        layout = self._layouts.get_or_make(epoch, lambda: self._layout(epoch))
+        return self._windows.get_or_make((epoch, w), lambda: order.window_order(layout, w))
 
     def _chunk(self, c: int) -> TokenChunk:
         def load() -> TokenChunk:
@@ -270,7 +279,7 @@ class Job:
 
         return self._open.get_or_make(c, load)
 
-    def _row(self, epoch: int, c: int, r: int) -> dict[str, np.ndarray]:
+    def _rows(self, epoch: int, c: int, rows: np.ndarray) -> dict[str, np.ndarray]:
         chunk = self._chunk(c)
         s, t = self.spec, self.tokenizer
 
@@ -279,4 +288,4 @@ class Job:
             return packing.concat_stream(chunk.doc_offsets, chunk.doc_lengths, doc_order, t.add_bos)
 
         stream = self._streams.get_or_make((epoch, c), make)
-        return packing.concat_row(stream, chunk.tokens, r, s.seq_len, t.bos_id, t.eos_id)
+        return packing.concat_rows_at(stream, chunk.tokens, rows, s.seq_len, t.bos_id, t.eos_id)

@@ -16,6 +16,7 @@ splitmix64 finalizer, a strong 64-bit mixer. Everything is vectorised over numpy
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -117,8 +118,20 @@ def epoch_layout(
     )
 
 
-def locate_rows(layout: EpochLayout, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Map epoch-relative row indices to (chunk id, row within chunk's packed rows)."""
+def window_order(layout: EpochLayout, w: int) -> np.ndarray:
+    """The row permutation of window w, materialised: O(rows of one window)."""
+    size = int(layout.window_cum[w + 1] - layout.window_cum[w])
+    keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, w)
+    return permute(np.arange(size), size, keys)
+
+
+def locate_rows(
+    layout: EpochLayout, rows: np.ndarray, window_perm: Callable[[int], np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Map epoch-relative row indices to (chunk id, row within chunk's packed rows).
+
+    `window_perm(w)` may return a cached `window_order(layout, w)`; by default each row's
+    permuted position is computed directly."""
     rows = np.asarray(rows, dtype=np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= layout.rows):
         raise ValueError(f"row out of range [0, {layout.rows})")
@@ -127,6 +140,9 @@ def locate_rows(layout: EpochLayout, rows: np.ndarray) -> tuple[np.ndarray, np.n
     for w in np.unique(windows):
         sel = windows == w
         base = int(layout.window_cum[w])
+        if window_perm is not None:
+            natural[sel] = base + window_perm(int(w))[rows[sel] - base]
+            continue
         size = int(layout.window_cum[w + 1]) - base
         keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, int(w))
         natural[sel] = base + permute(rows[sel] - base, size, keys)

@@ -48,33 +48,33 @@ def concat_stream(
     return ChunkStream(np.asarray(doc_offsets, dtype=np.int64)[order], seg_starts, bos)
 
 
-def concat_row(
-    stream: ChunkStream, tokens: np.ndarray, row: int, seq_len: int, bos_id: int, eos_id: int
-) -> dict[str, np.ndarray]:
-    """Row `row` of the stream: input_ids, labels, position_ids, segment_ids (int32, [seq_len])."""
-    start = row * seq_len
-    pos = np.arange(start, start + seq_len + 1, dtype=np.int64)
-    if pos[-1] >= stream.total:
-        raise IndexError(f"row {row} needs stream position {pos[-1]}, stream has {stream.total}")
+def concat_rows_at(
+    stream: ChunkStream, tokens: np.ndarray, rows: np.ndarray, seq_len: int, bos_id: int,
+    eos_id: int,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Rows `rows` of the stream: input_ids, labels, position_ids, segment_ids, each int32
+    of shape [len(rows), seq_len]. Vectorised over all the rows at once."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1, 1)
+    starts = rows * seq_len
+    pos = starts + np.arange(seq_len + 1, dtype=np.int64)
+    if pos.size and pos.max() >= stream.total:
+        raise IndexError(f"rows {rows.ravel().tolist()} exceed the stream of {stream.total}")
     seg = np.searchsorted(stream.seg_starts, pos, side="right") - 1
     seg_start = stream.seg_starts[seg]
     offset = pos - seg_start  # offset within [BOS] tokens EOS
-    seg_len = stream.seg_starts[seg + 1] - seg_start
-    is_eos = offset == seg_len - 1
+    is_eos = offset == stream.seg_starts[seg + 1] - seg_start - 1
     is_bos = (offset == 0) & (stream.bos == 1)
     body = ~(is_eos | is_bos)
-    ids = np.empty(seq_len + 1, dtype=np.int32)
+    ids = np.empty(pos.shape, dtype=np.int32)
     ids[is_eos] = eos_id
     ids[is_bos] = bos_id
     ids[body] = tokens[stream.doc_starts[seg[body]] + offset[body] - stream.bos]
 
-    inputs = slice(0, seq_len)
-    row_seg = seg[inputs]
-    position = pos[inputs] - np.maximum(seg_start[inputs], start)
-    segment = row_seg - row_seg[0] + 1
+    inputs = seg[:, :seq_len]
+    position = pos[:, :seq_len] - np.maximum(seg_start[:, :seq_len], starts)
     return {
-        "input_ids": ids[:seq_len],
-        "labels": ids[1:],
+        "input_ids": ids[:, :seq_len],
+        "labels": ids[:, 1:],
         "position_ids": position.astype(np.int32),
-        "segment_ids": segment.astype(np.int32),
+        "segment_ids": (inputs - inputs[:, :1] + 1).astype(np.int32),
     }
