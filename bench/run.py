@@ -17,8 +17,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bench import serving, tokenization
-from bench.serving import ServingResult, median, percentile
-from bench.table import number, paired_ratio, render
+from bench.serving import ServingResult
+from bench.stats import median, paired_ratio, percentile
+from bench.table import number, render
 from bench.tokenization import TokenizationResult
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -31,7 +32,7 @@ QUICK = (
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
-    tokenization.TokenizationSizes(copies=4, repeats=5),
+    tokenization.TokenizationSizes(copies=4, repeats=7),
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 
 
 def render(title: str, header: list[str], rows: list[list[str]]) -> str:
@@ -21,13 +20,3 @@ def render(title: str, header: list[str], rows: list[list[str]]) -> str:
 def number(value: float, digits: int = 0) -> str:
     """Thousands separators; 'n/a' for a figure that could not be measured."""
     return "n/a" if math.isnan(value) else f"{value:,.{digits}f}"
-
-
-def paired_ratio(numerators: list[float], denominators: list[float]) -> float:
-    """Median of the ratios of measurements taken side by side.
-
-    On a noisy machine each pair shares its moment's load, so their ratio is steadier than the
-    ratio of two medians taken over different moments.
-    """
-    ratios = [n / d for n, d in zip(numerators, denominators, strict=True) if d]
-    return statistics.median(ratios) if ratios else float("nan")

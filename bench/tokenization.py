@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import json
 import shutil
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from tokenfeed.server import democorpus
 from tokenfeed.server.app import build_jobs
 from tokenfeed.server.tokenize import ENCODE_BATCH_DOCS
 from tokenizers import Tokenizer
+
+from bench.stats import median
 
 JOB = "tokenize"
 CHUNK_BYTES = "1MiB"
@@ -46,10 +47,10 @@ class TokenizationResult:
     index_seconds: list[float]
 
     def docs_per_second(self, seconds: list[float]) -> float:
-        return self.docs / statistics.median(seconds)
+        return self.docs / median(seconds)
 
     def mb_per_second(self, seconds: list[float]) -> float:
-        return self.text_bytes / 1e6 / statistics.median(seconds)
+        return self.text_bytes / 1e6 / median(seconds)
 
 
 def write_jsonl(path: Path, texts: list[str]) -> None:

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from support import ServerProcess, job_spec, write_config, write_jsonl
-
 from tokenfeed.server import democorpus
 
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from tokenfeed.client import Client
 
 DATA = Path(__file__).parent / "data"

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 from support import TOKENIZER, job_spec, write_jsonl
-from tokenizers import Tokenizer
-
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs
+from tokenizers import Tokenizer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -36,8 +35,9 @@ def test_token_store_reader_from_the_docs(tmp_path, texts):
     exec(_python_block("token-store.md"), namespace)  # noqa: S102 - the documented snippet
     (manifest,) = (tmp_path / "cache" / "tokens").rglob("*.json")
     docs = list(namespace["read_chunk"](str(manifest.with_suffix(""))))
-    expected = Tokenizer.from_file(str(TOKENIZER)).encode_batch(texts[:50],
-                                                                add_special_tokens=False)
+    expected = Tokenizer.from_file(str(TOKENIZER)).encode_batch(
+        texts[:50], add_special_tokens=False
+    )
     assert len(docs) == 50
     for got, want in zip(docs, expected, strict=True):
         assert np.array_equal(got, want.ids)

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support import DATA, TOKENIZER
-
 from tokenfeed.client.wire import encode_tensors
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs

@@ -9,7 +9,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import ServerProcess, job_spec, write_config
-
 from tokenfeed.client import InvalidRequest, JobFailed, JobNotFound
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from support import ServerProcess, job_spec, write_config, write_jsonl
-
 from tokenfeed.server import democorpus
 
 

@@ -13,6 +13,7 @@ from tokenfeed.server.order import (
     locate_rows,
     permute,
     round_keys,
+    window_order,
 )
 
 KEYS = round_keys("test", 0, "main", 0)
@@ -159,6 +160,9 @@ def test_every_row_of_an_epoch_maps_to_a_distinct_chunk_row(
     assert layout.rows == rpc.sum()
 
     chunks, within = locate_rows(layout, np.arange(layout.rows))
+    # A cached, materialised window permutation must give exactly the direct computation.
+    cached = locate_rows(layout, np.arange(layout.rows), lambda w: window_order(layout, w))
+    assert np.array_equal(cached[0], chunks) and np.array_equal(cached[1], within)
     pairs = list(zip(chunks.tolist(), within.tolist(), strict=True))
     expected = {(c, r) for c in range(n) for r in range(rpc[c])}
     assert len(set(pairs)) == len(pairs)
@@ -180,6 +184,29 @@ def test_zero_row_chunks_and_empty_windows_are_skipped():
         assert set(chunks.tolist()) == {2, 6, 9}
         assert (within < rpc[chunks]).all()
         assert len(set(zip(chunks.tolist(), within.tolist(), strict=True))) == 15
+
+
+def test_window_order_is_the_permutation_of_each_window():
+    rpc = np.random.default_rng(3).integers(1, 30, size=20)
+    layout = epoch_layout(rpc, 5, "ds", 1, 6)
+    sizes = np.diff(layout.window_cum)
+    for w, size in enumerate(sizes.tolist()):
+        perm = window_order(layout, w)
+        assert sorted(perm.tolist()) == list(range(size))
+    # Windows are keyed separately: equal-sized windows are not shuffled alike.
+    even = epoch_layout(np.full(20, 10), 5, "ds", 1, 5)
+    perms = {window_order(even, w).tobytes() for w in range(4)}
+    assert len(perms) == 4
+
+
+def test_window_order_of_an_empty_window_is_empty():
+    # Chunks may pack to zero rows, so a whole window can be empty; asking for its order (a
+    # prefetcher walking the windows would) should not raise.
+    # One non-empty chunk among seven, windows of two: whatever the order, windows are empty.
+    layout = epoch_layout(np.array([0, 0, 0, 0, 0, 0, 4]), 0, "ds", 0, 2)
+    empty = [w for w in range(4) if layout.window_cum[w + 1] == layout.window_cum[w]]
+    assert len(empty) == 3
+    assert window_order(layout, empty[0]).shape == (0,)
 
 
 def test_rows_within_a_window_are_shuffled():

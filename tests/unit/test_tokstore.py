@@ -46,14 +46,15 @@ def read_megatron(bin_path: Path, idx_path: Path) -> list[np.ndarray]:
     assert doc_idx.tolist() == list(range(seqs + 1))
     dtype = np.dtype(MEGATRON_DTYPES[code]).newbyteorder("<")
     data = np.fromfile(bin_path, dtype=dtype)
-    return [data[p // dtype.itemsize : p // dtype.itemsize + s] for p, s in zip(pointers, sizes)]
+    starts = pointers // dtype.itemsize
+    return [data[a : a + n] for a, n in zip(starts, sizes, strict=True)]
 
 
 def docs_of(lengths: list[int], dtype) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     lengths_arr = np.array(lengths, dtype=np.int32)
     tokens = (np.arange(int(lengths_arr.sum())) * 7 + 3).astype(dtype)
     bounds = np.concatenate([[0], np.cumsum(lengths_arr)]).astype(np.int64)
-    return tokens, lengths_arr, [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return tokens, lengths_arr, [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def put(store: TokenStore, tokens, lengths, key: str = KEY):

@@ -3,8 +3,8 @@
 Shared by the server (encoding) and the client (decoding, verification); imports only numpy and
 the generated protos.
 
-Fingerprint: hex BLAKE2b-128 over, for each tensor in order, the UTF-8 name, a NUL byte, the
-numpy dtype string (e.g. `<i4`), the shape as little-endian int64s, and the data bytes.
+Fingerprint: hex SHA-256, truncated to 128 bits, over, for each tensor in order, the UTF-8 name,
+a NUL byte, the numpy dtype string (e.g. `<i4`), the shape as little-endian int64s, and the data.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ class WireError(ValueError):
 
 
 def fingerprint(named: Iterable[tuple[str, np.dtype, tuple[int, ...], bytes | memoryview]]) -> str:
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()  # twice BLAKE2b's speed where the CPU has SHA instructions
     for name, dtype, shape, data in named:
         h.update(name.encode())
         h.update(b"\0")
         h.update(np.dtype(dtype).str.encode())
         h.update(np.asarray(shape, dtype="<i8").tobytes())
         h.update(data)
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 def encode_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[pb.Tensor], str]:

@@ -42,9 +42,8 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     jobs = build_jobs(config)
     executor = ThreadPoolExecutor(config.server.tokenize_threads, thread_name_prefix="tokenize")
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_TokenFeedServicer_to_server(
-        TokenFeedServicer(jobs, config.server.max_wait_seconds), server
-    )
+    servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds)
+    pb_grpc.add_TokenFeedServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -7,6 +7,7 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -166,7 +167,11 @@ class _Section:
 
     def number(self, key: str, default: float, minimum: float = 0.0) -> float:
         value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (minimum <= value < math.inf)
+        ):
             raise ConfigError(f"{self.path(key)}: expected a number >= {minimum}, got {value!r}")
         return float(value)
 

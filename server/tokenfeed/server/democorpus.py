@@ -40,11 +40,15 @@ def documents(min_chars: int = 200) -> list[str]:
                 module = importlib.import_module(name)
             except Exception:  # platform-specific modules are simply absent
                 continue
-            objects = [module, *vars(module).values()]
+            public = [obj for attr, obj in vars(module).items() if not attr.startswith("_")]
+            objects = [module, *public]
             for cls in [o for o in objects if inspect.isclass(o)]:
                 objects.extend(vars(cls).values())
             for obj in objects:
-                if inspect.ismodule(obj) and obj is not module:
+                # Only what the module defines, publicly: re-exports and private helpers depend
+                # on what else was imported (typing_extensions patches typing's), which would
+                # vary the corpus.
+                if obj is not module and getattr(obj, "__module__", None) != name:
                     continue
                 if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj):
                     doc = inspect.getdoc(obj)

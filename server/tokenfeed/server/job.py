@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -40,18 +41,25 @@ MAX_STEP = 2**62
 BAD_EXAMPLES_PER_CHUNK = 20
 
 
-class _LRU(OrderedDict):
+class _LRU:
+    """A small thread-safe LRU; `make` runs outside the lock (two threads may both make a
+    value on a miss: every value here is a pure function of its key, so either is right)."""
+
     def __init__(self, capacity: int):
-        super().__init__()
         self.capacity = capacity
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
 
     def get_or_make(self, key, make: Callable):
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
-        value = self[key] = make()
-        if len(self) > self.capacity:
-            self.popitem(last=False)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self.capacity:
+                self._items.popitem(last=False)
         return value
 
 

@@ -121,6 +121,8 @@ def epoch_layout(
 def window_order(layout: EpochLayout, w: int) -> np.ndarray:
     """The row permutation of window w, materialised: O(rows of one window)."""
     size = int(layout.window_cum[w + 1] - layout.window_cum[w])
+    if size == 0:  # every chunk of the window packs to zero rows
+        return np.zeros(0, dtype=np.int64)
     keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, w)
     return permute(np.arange(size), size, keys)
 

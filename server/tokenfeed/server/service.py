@@ -102,6 +102,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     f"end_step {request.end_step} must be after start_step {request.start_step} "
                     "(or 0 to stream until cancelled)"
                 )
+            # Built inline: measured faster than building ahead in threads, whose GIL
+            # contention with the event loop cost more than the overlap gained (bench/).
             for step in range(request.start_step, end):
                 yield self._batch(job, step, request.rank, ws)
         except Exception as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 import tempfile
@@ -74,13 +75,15 @@ def encode_idx(lengths: np.ndarray, dtype: np.dtype) -> bytes:
 
 def decode_idx(raw: bytes | memoryview) -> tuple[np.dtype, np.ndarray, np.ndarray]:
     """(token dtype, document lengths, document byte pointers) from an .idx file's bytes."""
-    if bytes(raw[:9]) != IDX_MAGIC:
-        raise StoreCorruptError("not a Megatron .idx file (bad magic)")
+    if len(raw) < 34 or bytes(raw[:9]) != IDX_MAGIC:
+        raise StoreCorruptError("not a Megatron .idx file (bad magic or short header)")
     (version,) = struct.unpack_from("<Q", raw, 9)
     (code,) = struct.unpack_from("<B", raw, 17)
     n, _docs = struct.unpack_from("<QQ", raw, 18)
     if version != IDX_VERSION or code not in CODE_DTYPES:
         raise StoreCorruptError(f".idx version {version} dtype code {code} not supported")
+    if len(raw) != 34 + 12 * n + 8 * _docs:
+        raise StoreCorruptError(f".idx of {len(raw)} bytes does not hold {n} documents")
     lengths = np.frombuffer(raw, dtype="<i4", count=n, offset=34)
     pointers = np.frombuffer(raw, dtype="<i8", count=n, offset=34 + 4 * n)
     return CODE_DTYPES[code], lengths, pointers
@@ -187,11 +190,13 @@ class TokenStore:
                 raise StoreCorruptError(f"token chunk {key} failed its checksum and was dropped")
             self._verified.add(key)
         dtype, lengths, pointers = decode_idx(idx_path.read_bytes())
-        tokens = (
-            np.memmap(bin_path, dtype=dtype.newbyteorder("<"), mode="r")
-            if m["num_tokens"]
-            else np.zeros(0, dtype=dtype)
-        )
+        tokens = np.zeros(0, dtype=dtype)
+        if m["num_tokens"]:
+            with open(bin_path, "rb") as f:
+                # A plain read-only ndarray over the mapping: np.memmap's subclass overhead
+                # shows up on every row gather.
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            tokens = np.frombuffer(mapped, dtype=dtype.newbyteorder("<"))
         return TokenChunk(tokens, pointers // dtype.itemsize, lengths)
 
     def drop(self, key: str, why: str) -> None:
