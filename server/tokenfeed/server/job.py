@@ -254,13 +254,13 @@ class Job:
         epochs, within = np.divmod(np.arange(first, first + per_rank), self.rows_per_epoch)
         shape = (per_rank, self.spec.seq_len)
         out = {name: np.empty(shape, dtype=np.int32) for name in packing.TENSOR_NAMES}
-        for epoch in np.unique(epochs).tolist():
+        for epoch in dict.fromkeys(epochs.tolist()):  # distinct, in order; cheap when small
             layout = self._layouts.get_or_make(epoch, lambda e=epoch: self._layout(e))
             slots = np.nonzero(epochs == epoch)[0]
             chunk_ids, chunk_rows = order.locate_rows(
                 layout, within[slots], lambda w, e=epoch: self._window_perm(e, w)
             )
-            for c in np.unique(chunk_ids).tolist():
+            for c in dict.fromkeys(chunk_ids.tolist()):
                 mine = chunk_ids == c
                 for name, arr in self._rows(epoch, c, chunk_rows[mine]).items():
                     out[name][slots[mine]] = arr

@@ -139,7 +139,7 @@ def locate_rows(
         raise ValueError(f"row out of range [0, {layout.rows})")
     windows = np.searchsorted(layout.window_cum, rows, side="right") - 1
     natural = np.empty_like(rows)
-    for w in np.unique(windows):
+    for w in dict.fromkeys(windows.tolist()):  # distinct, in order; cheap when small
         sel = windows == w
         base = int(layout.window_cum[w])
         if window_perm is not None:
