@@ -1,17 +1,21 @@
 """tokenfeed's client: deterministic token batches as numpy arrays, over gRPC.
 
-Light by design: imports grpcio, protobuf and numpy only, never the server's dependencies.
+Light by design: imports grpcio, protobuf and numpy only, never the server's dependencies
+(`tokenfeed.client.torch` and `tokenfeed.client.jax` import their frameworks when used).
 
     from tokenfeed.client import Client
-    feed = Client("localhost:50051", job="demo")
+    feed = Client("dns:///tokenfeed.data.svc:50051", job="run3")
     batch = feed.get_batch(step, rank=rank, world_size=world_size)
 """
 
-from tokenfeed.client._client import Batch, Client
+from tokenfeed.client._aio import AsyncClient
+from tokenfeed.client._client import Client
+from tokenfeed.client.batch import Batch, microbatches, varlen
 from tokenfeed.client.errors import (
     DeadlineExceeded,
     InvalidRequest,
     JobFailed,
+    JobMismatch,
     JobNotFound,
     TokenfeedClientError,
     Unavailable,
@@ -19,6 +23,7 @@ from tokenfeed.client.errors import (
 from tokenfeed.client.wire import WireError
 
 __all__ = [
-    "Batch", "Client", "DeadlineExceeded", "InvalidRequest", "JobFailed", "JobNotFound",
-    "TokenfeedClientError", "Unavailable", "WireError",
+    "AsyncClient", "Batch", "Client", "DeadlineExceeded", "InvalidRequest", "JobFailed",
+    "JobMismatch", "JobNotFound", "TokenfeedClientError", "Unavailable", "WireError",
+    "microbatches", "varlen",
 ]  # fmt: skip

@@ -1,75 +1,58 @@
-"""The synchronous client: one job, batches as numpy arrays.
+"""The synchronous client.
 
-Retries: only UNAVAILABLE (a server restarting, draining, or a job still indexing) is retried,
-with exponential backoff and jitter, until the call's overall timeout. A stream that breaks with
-a retryable status resumes at the next step it has not yet delivered: batches are a pure
-function of the step, so the resumed stream is the same stream.
+`get_batch` is one unary call; `iter_batches` keeps up to `prefetch` decoded batches ready in a
+background thread that reads a server stream (StreamBatches), so the trainer never waits while
+the servers keep up. Both fail over along the rendezvous ranking on UNAVAILABLE or
+DEADLINE_EXCEEDED and continue from the same step: batches are a pure function of the step, so
+the sequence is the same whichever server sends it.
 """
 
 from __future__ import annotations
 
-import random
+import queue
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
+from tokenfeed.client._session import CHANNEL_OPTIONS, Policy, Session
+from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
-from tokenfeed.client.wire import decode_tensors
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 1 << 30),
-    ("grpc.max_send_message_length", 1 << 30),
-]
-
-
-class Batch(Mapping[str, np.ndarray]):
-    """One rank's slice of a step: read-only numpy arrays of shape [rows, seq_len], int32."""
-
-    __slots__ = ("_arrays", "job", "step", "rank", "world_size", "epoch", "fingerprint")
-
-    def __init__(self, msg: pb.Batch, verify: bool):
-        self._arrays = decode_tensors(msg.tensors, msg.fingerprint if verify else None)
-        self.job, self.step, self.rank = msg.job, msg.step, msg.rank
-        self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._arrays[name]
-
-    def __iter__(self):
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-    def __repr__(self) -> str:
-        shapes = {k: tuple(v.shape) for k, v in self._arrays.items()}
-        return f"Batch(job={self.job!r}, step={self.step}, rank={self.rank}, shapes={shapes})"
+_END = object()
 
 
 class Client:
-    """`Client("host:port", job="name")`; the target is any gRPC target string."""
+    """`Client("host:port" | "h1:p,h2:p" | "dns:///name:port", job="name")`."""
 
     def __init__(
-        self,
-        target: str,
-        job: str | None = None,
-        *,
-        timeout: float = 60.0,
-        verify: bool = True,
-        backoff: float = 0.1,
-        max_backoff: float = 2.0,
-    ):
-        self.target, self.job, self.timeout, self.verify = target, job, timeout, verify
-        self._backoff, self._max_backoff = backoff, max_backoff
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.TokenFeedStub(self._channel)
+        self, target: str, job: str | None = None, *, timeout: float = 60.0,
+        attempt_timeout: float | None = None, prefetch: int = 4, verify: bool = True,
+        backoff: float = 0.05, max_backoff: float = 2.0, suspect_seconds: float = 10.0,
+    ):  # fmt: skip
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)
+        self.session = Session(target, policy)
+        self.target, self.job, self.prefetch = target, job, prefetch
+        self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
+        self._lock = threading.Lock()
+
+    def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
+        with self._lock:
+            if addr not in self._stubs:
+                channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+                self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
+            return self._stubs[addr][1]
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            for channel, _ in self._stubs.values():
+                channel.close()
+            self._stubs.clear()
 
     def __enter__(self) -> Client:
         return self
@@ -83,67 +66,157 @@ class Client:
             raise ValueError("no job: pass job= to Client(...) or to the call")
         return name
 
-    def _call(self, method, request, timeout: float | None):
-        deadline = time.monotonic() + (timeout or self.timeout)
-        delay = self._backoff
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return method(request, timeout=max(remaining, 0.001))
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
-                if not err.retryable or time.monotonic() + delay >= deadline:
-                    raise err from None
-            time.sleep(delay * (0.5 + random.random() / 2))
-            delay = min(delay * 2, self._max_backoff)
+    def _unary(self, method: str, request, job: str, rank: int, timeout: float | None):
+        deadline = time.monotonic() + (timeout or self.session.policy.timeout)
+        last: TokenfeedClientError | None = None
+        for servers in self.session.rounds(job, rank, deadline):
+            if isinstance(servers, float):
+                time.sleep(servers)
+                continue
+            for addr in servers:
+                if time.monotonic() >= deadline:
+                    break
+                try:
+                    call = getattr(self.stub(addr), method)
+                    return addr, call(request, timeout=self.session.attempt_timeout(deadline))
+                except grpc.RpcError as e:
+                    last = from_rpc_error(e, addr)
+                    if not last.retryable:
+                        raise last from None
+                    self.session.mark_failed(addr)
+        raise self.session.give_up(job, last)
 
     def get_batch(
         self, step: int, rank: int = 0, world_size: int = 1, *, job: str | None = None,
         timeout: float | None = None,
     ) -> Batch:  # fmt: skip
-        request = pb.GetBatchRequest(job=self._job(job), step=step, rank=rank,
-                                     world_size=world_size)  # fmt: skip
-        return Batch(self._call(self._stub.GetBatch, request, timeout), self.verify)
+        name = self._job(job)
+        request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
+        addr, msg = self._unary("GetBatch", request, name, rank, timeout)
+        return self.session.batch(msg, addr)
 
     def iter_batches(
         self, start_step: int = 0, end_step: int | None = None, rank: int = 0,
-        world_size: int = 1, *, job: str | None = None, max_resumes: int = 10,
+        world_size: int = 1, *, job: str | None = None, prefetch: int | None = None,
     ) -> Iterator[Batch]:  # fmt: skip
-        """Steps [start_step, end_step) over one pipelined server stream (None: unbounded)."""
-        step, resumes = start_step, 0
-        while end_step is None or step < end_step:
-            request = pb.StreamBatchesRequest(job=self._job(job), start_step=step,
-                                              end_step=end_step or 0, rank=rank,
-                                              world_size=world_size)  # fmt: skip
-            stream = self._stub.StreamBatches(request)
-            try:
-                for msg in stream:
-                    yield Batch(msg, self.verify)
-                    step = msg.step + 1
-                return
-            except grpc.RpcError as e:
-                err = from_rpc_error(e)
-                resumes += 1
-                if not err.retryable or resumes > max_resumes:
-                    raise err from None
-                time.sleep(min(self._backoff * 2**resumes, self._max_backoff))
-            finally:
-                stream.cancel()
+        """Steps [start_step, end_step) in order (end None: until the caller stops)."""
+        stream = _Prefetcher(self, self._job(job), start_step, end_step, rank, world_size,
+                             prefetch or self.prefetch)  # fmt: skip
+        try:
+            yield from stream
+        finally:
+            stream.close()
 
     def describe(self, job: str | None = None) -> dict:
-        info = self._call(self._stub.DescribeJob, pb.DescribeJobRequest(job=self._job(job)), None)
+        name = self._job(job)
+        _, info = self._unary("DescribeJob", pb.DescribeJobRequest(job=name), name, 0, None)
         return _to_dict(info)
 
     def list_jobs(self) -> list[dict]:
-        return [
-            _to_dict(j) for j in self._call(self._stub.ListJobs, pb.ListJobsRequest(), None).jobs
-        ]
+        _, resp = self._unary("ListJobs", pb.ListJobsRequest(), "", 0, None)
+        return [_to_dict(j) for j in resp.jobs]
+
+
+class _Prefetcher:
+    """A thread that reads StreamBatches into a bounded queue, failing over between servers.
+
+    The bounded queue is the flow control: when the trainer falls behind, the thread stops
+    reading, HTTP/2 windows fill, and the server stops producing."""
+
+    def __init__(self, client: Client, job: str, start: int, end: int | None, rank: int,
+                 world: int, depth: int):  # fmt: skip
+        self.client, self.session = client, client.session
+        self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._call = None
+        self._thread = threading.Thread(target=self._run, name="tokenfeed-prefetch", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self.queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            self._pump()
+            self._put(_END)
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(e)
+
+    def _pump(self) -> None:
+        while self.end is None or self.step < self.end:
+            progressed = self._one_pass()
+            if self._stop.is_set() or (self.end is not None and self.step >= self.end):
+                return
+            if not progressed:
+                raise self._last
+
+    def _one_pass(self) -> bool:
+        """Try servers until one stream ends cleanly or fails after progress. True if any
+        batch was delivered (the deadline renews with progress)."""
+        deadline = time.monotonic() + self.session.policy.timeout
+        self._last: Exception | None = None
+        for servers in self.session.rounds(self.job, self.rank, deadline):
+            if isinstance(servers, float):
+                if self._stop.wait(servers):
+                    return True
+                continue
+            for addr in servers:
+                if self._stop.is_set():
+                    return True
+                before = self.step
+                try:
+                    self._stream(addr)
+                    return True
+                except grpc.RpcError as e:
+                    if self._stop.is_set():
+                        return True
+                    err = from_rpc_error(e, addr)
+                    # A stream we did not cancel was cut by the server: draining, or dying.
+                    if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
+                        raise err from None
+                    self._last = err
+                    self.session.mark_failed(addr)
+                    if self.step > before:
+                        return True
+        self._last = self.session.give_up(self.job, self._last)
+        return False
+
+    def _stream(self, addr: str) -> None:
+        request = self.session.stream_request(self.job, self.step, self.end, self.rank,
+                                              self.world)  # fmt: skip
+        self._call = self.client.stub(addr).StreamBatches(request)
+        try:
+            for msg in self._call:
+                if not self._put(self.session.batch(msg, addr)):
+                    return
+                self.step = msg.step + 1
+        finally:
+            self._call.cancel()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(timeout=5)
 
 
 def _to_dict(msg) -> dict:
     return json_format.MessageToDict(
         msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-
-
-__all__ = ["Batch", "Client", "TokenfeedClientError"]

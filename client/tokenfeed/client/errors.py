@@ -45,12 +45,21 @@ class DeadlineExceeded(TokenfeedClientError):
     retryable = True
 
 
+class JobMismatch(TokenfeedClientError):
+    """Batches of one job came with two different job fingerprints: the servers' configs (or
+    the checkpoint and the servers) define the job differently. Never retried: mixing them
+    would silently change the data."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable,
                                       DeadlineExceeded)}  # fmt: skip
 
 
-def from_rpc_error(err: grpc.RpcError) -> TokenfeedClientError:
+def from_rpc_error(err: grpc.RpcError, server: str = "") -> TokenfeedClientError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
     cls = _BY_CODE.get(code, TokenfeedClientError)
-    return cls(f"{code.name}: {details}", code)
+    where = f" (from {server})" if server else ""
+    return cls(f"{code.name}: {details}{where}", code)

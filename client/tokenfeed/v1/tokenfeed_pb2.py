@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctokenfeed/v1/tokenfeed.proto\x12\x0ctokenfeed.v1\"N\n\x0fGetBatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\"k\n\x14StreamBatchesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nstart_step\x18\x02 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x03 \x01(\x03\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\"W\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.tokenfeed.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x8f\x01\n\x05\x42\x61tch\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12%\n\x07tensors\x18\x05 \x03(\x0b\x32\x14.tokenfeed.v1.Tensor\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"/\n\x0e\x42\x61\x64RecordCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\x93\x03\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.tokenfeed.v1.JobState\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07seq_len\x18\x05 \x01(\x05\x12\x19\n\x11global_batch_size\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x0f\n\x07packing\x18\x08 \x01(\t\x12\x13\n\x0bnum_sources\x18\t \x01(\x03\x12\x12\n\nnum_chunks\x18\n \x01(\x03\x12\x16\n\x0e\x63hunks_indexed\x18\x0b \x01(\x03\x12\x15\n\rnum_documents\x18\x0c \x01(\x03\x12\x12\n\nnum_tokens\x18\r \x01(\x03\x12\x16\n\x0erows_per_epoch\x18\x0e \x01(\x03\x12\x17\n\x0fsteps_per_epoch\x18\x0f \x01(\x03\x12\x31\n\x0b\x62\x61\x64_records\x18\x10 \x03(\x0b\x32\x1c.tokenfeed.v1.BadRecordCount\x12\x14\n\x0ctensor_names\x18\x11 \x03(\t\"\x11\n\x0fListJobsRequest\"7\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.tokenfeed.v1.JobInfo*v\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44TYPE_INT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02\x12\x10\n\x0c\x44TYPE_UINT16\x10\x03\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x04\x12\x11\n\rDTYPE_FLOAT32\x10\x05*h\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATE_INDEXING\x10\x01\x12\x13\n\x0fJOB_STATE_READY\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x32\xaa\x02\n\tTokenFeed\x12>\n\x08GetBatch\x12\x1d.tokenfeed.v1.GetBatchRequest\x1a\x13.tokenfeed.v1.Batch\x12J\n\rStreamBatches\x12\".tokenfeed.v1.StreamBatchesRequest\x1a\x13.tokenfeed.v1.Batch0\x01\x12\x46\n\x0b\x44\x65scribeJob\x12 .tokenfeed.v1.DescribeJobRequest\x1a\x15.tokenfeed.v1.JobInfo\x12I\n\x08ListJobs\x12\x1d.tokenfeed.v1.ListJobsRequest\x1a\x1e.tokenfeed.v1.ListJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctokenfeed/v1/tokenfeed.proto\x12\x0ctokenfeed.v1\"N\n\x0fGetBatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\"k\n\x14StreamBatchesRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x12\n\nstart_step\x18\x02 \x01(\x03\x12\x10\n\x08\x65nd_step\x18\x03 \x01(\x03\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\"W\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.tokenfeed.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xa8\x01\n\x05\x42\x61tch\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12%\n\x07tensors\x18\x05 \x03(\x0b\x32\x14.tokenfeed.v1.Tensor\x12\x13\n\x0b\x66ingerprint\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12\x17\n\x0fjob_fingerprint\x18\x08 \x01(\t\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"/\n\x0e\x42\x61\x64RecordCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\x93\x03\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.tokenfeed.v1.JobState\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07seq_len\x18\x05 \x01(\x05\x12\x19\n\x11global_batch_size\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x0f\n\x07packing\x18\x08 \x01(\t\x12\x13\n\x0bnum_sources\x18\t \x01(\x03\x12\x12\n\nnum_chunks\x18\n \x01(\x03\x12\x16\n\x0e\x63hunks_indexed\x18\x0b \x01(\x03\x12\x15\n\rnum_documents\x18\x0c \x01(\x03\x12\x12\n\nnum_tokens\x18\r \x01(\x03\x12\x16\n\x0erows_per_epoch\x18\x0e \x01(\x03\x12\x17\n\x0fsteps_per_epoch\x18\x0f \x01(\x03\x12\x31\n\x0b\x62\x61\x64_records\x18\x10 \x03(\x0b\x32\x1c.tokenfeed.v1.BadRecordCount\x12\x14\n\x0ctensor_names\x18\x11 \x03(\t\"\x11\n\x0fListJobsRequest\"7\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.tokenfeed.v1.JobInfo*v\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44TYPE_INT32\x10\x01\x12\x0f\n\x0b\x44TYPE_INT64\x10\x02\x12\x10\n\x0c\x44TYPE_UINT16\x10\x03\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x04\x12\x11\n\rDTYPE_FLOAT32\x10\x05*h\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12JOB_STATE_INDEXING\x10\x01\x12\x13\n\x0fJOB_STATE_READY\x10\x02\x12\x14\n\x10JOB_STATE_FAILED\x10\x03\x32\xaa\x02\n\tTokenFeed\x12>\n\x08GetBatch\x12\x1d.tokenfeed.v1.GetBatchRequest\x1a\x13.tokenfeed.v1.Batch\x12J\n\rStreamBatches\x12\".tokenfeed.v1.StreamBatchesRequest\x1a\x13.tokenfeed.v1.Batch0\x01\x12\x46\n\x0b\x44\x65scribeJob\x12 .tokenfeed.v1.DescribeJobRequest\x1a\x15.tokenfeed.v1.JobInfo\x12I\n\x08ListJobs\x12\x1d.tokenfeed.v1.ListJobsRequest\x1a\x1e.tokenfeed.v1.ListJobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tokenfeed.v1.tokenfeed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1036
-  _globals['_DTYPE']._serialized_end=1154
-  _globals['_JOBSTATE']._serialized_start=1156
-  _globals['_JOBSTATE']._serialized_end=1260
+  _globals['_DTYPE']._serialized_start=1061
+  _globals['_DTYPE']._serialized_end=1179
+  _globals['_JOBSTATE']._serialized_start=1181
+  _globals['_JOBSTATE']._serialized_end=1285
   _globals['_GETBATCHREQUEST']._serialized_start=46
   _globals['_GETBATCHREQUEST']._serialized_end=124
   _globals['_STREAMBATCHESREQUEST']._serialized_start=126
@@ -42,17 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=235
   _globals['_TENSOR']._serialized_end=322
   _globals['_BATCH']._serialized_start=325
-  _globals['_BATCH']._serialized_end=468
-  _globals['_DESCRIBEJOBREQUEST']._serialized_start=470
-  _globals['_DESCRIBEJOBREQUEST']._serialized_end=503
-  _globals['_BADRECORDCOUNT']._serialized_start=505
-  _globals['_BADRECORDCOUNT']._serialized_end=552
-  _globals['_JOBINFO']._serialized_start=555
-  _globals['_JOBINFO']._serialized_end=958
-  _globals['_LISTJOBSREQUEST']._serialized_start=960
-  _globals['_LISTJOBSREQUEST']._serialized_end=977
-  _globals['_LISTJOBSRESPONSE']._serialized_start=979
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1034
-  _globals['_TOKENFEED']._serialized_start=1263
-  _globals['_TOKENFEED']._serialized_end=1561
+  _globals['_BATCH']._serialized_end=493
+  _globals['_DESCRIBEJOBREQUEST']._serialized_start=495
+  _globals['_DESCRIBEJOBREQUEST']._serialized_end=528
+  _globals['_BADRECORDCOUNT']._serialized_start=530
+  _globals['_BADRECORDCOUNT']._serialized_end=577
+  _globals['_JOBINFO']._serialized_start=580
+  _globals['_JOBINFO']._serialized_end=983
+  _globals['_LISTJOBSREQUEST']._serialized_start=985
+  _globals['_LISTJOBSREQUEST']._serialized_end=1002
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1004
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1059
+  _globals['_TOKENFEED']._serialized_start=1288
+  _globals['_TOKENFEED']._serialized_end=1586
 # @@protoc_insertion_point(module_scope)

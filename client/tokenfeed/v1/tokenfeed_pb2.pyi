@@ -72,7 +72,7 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("job", "step", "rank", "world_size", "tensors", "fingerprint", "epoch")
+    __slots__ = ("job", "step", "rank", "world_size", "tensors", "fingerprint", "epoch", "job_fingerprint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class Batch(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    JOB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     step: int
     rank: int
@@ -87,7 +88,8 @@ class Batch(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     fingerprint: str
     epoch: int
-    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., fingerprint: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    job_fingerprint: str
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., fingerprint: _Optional[str] = ..., epoch: _Optional[int] = ..., job_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DescribeJobRequest(_message.Message):
     __slots__ = ("job",)

@@ -84,7 +84,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         epoch, arrays = job.batch(step, rank, world_size)
         tensors, fingerprint = encode_tensors(arrays)
         return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
-                        tensors=tensors, fingerprint=fingerprint, epoch=epoch)  # fmt: skip
+                        tensors=tensors, fingerprint=fingerprint, epoch=epoch,
+                        job_fingerprint=job.fingerprint)  # fmt: skip
 
     @_unary
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:

@@ -1,0 +1,147 @@
+"""The asyncio client: the same calls, policy and failover as `Client`, on grpc.aio.
+
+`iter_batches` is an async generator; a task reads the server stream ahead into a bounded
+asyncio.Queue of `prefetch` decoded batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from tokenfeed.client._client import _to_dict
+from tokenfeed.client._session import CHANNEL_OPTIONS, Policy, Session
+from tokenfeed.client.batch import Batch
+from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+_END = object()
+
+
+class AsyncClient:
+    """`async with AsyncClient(target, job=...) as feed: batch = await feed.get_batch(step)`."""
+
+    def __init__(
+        self, target: str, job: str | None = None, *, timeout: float = 60.0,
+        attempt_timeout: float | None = None, prefetch: int = 4, verify: bool = True,
+        backoff: float = 0.05, max_backoff: float = 2.0, suspect_seconds: float = 10.0,
+    ):  # fmt: skip
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)
+        self.session = Session(target, policy)
+        self.target, self.job, self.prefetch = target, job, prefetch
+        self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.TokenFeedStub]] = {}
+
+    def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
+        if addr not in self._stubs:
+            channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
+        return self._stubs[addr][1]
+
+    async def close(self) -> None:
+        channels = [c for c, _ in self._stubs.values()]
+        self._stubs.clear()
+        await asyncio.gather(*(c.close() for c in channels))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _job(self, job: str | None) -> str:
+        name = job or self.job
+        if not name:
+            raise ValueError("no job: pass job= to AsyncClient(...) or to the call")
+        return name
+
+    async def _unary(self, method: str, request, job: str, rank: int, timeout: float | None):
+        deadline = time.monotonic() + (timeout or self.session.policy.timeout)
+        last: TokenfeedClientError | None = None
+        for servers in self.session.rounds(job, rank, deadline):
+            if isinstance(servers, float):
+                await asyncio.sleep(servers)
+                continue
+            for addr in servers:
+                if time.monotonic() >= deadline:
+                    break
+                try:
+                    call = getattr(self.stub(addr), method)
+                    return addr, await call(request, timeout=self.session.attempt_timeout(deadline))
+                except grpc.RpcError as e:
+                    last = from_rpc_error(e, addr)
+                    if not last.retryable:
+                        raise last from None
+                    self.session.mark_failed(addr)
+        raise self.session.give_up(job, last)
+
+    async def get_batch(
+        self, step: int, rank: int = 0, world_size: int = 1, *, job: str | None = None,
+        timeout: float | None = None,
+    ) -> Batch:  # fmt: skip
+        name = self._job(job)
+        request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
+        addr, msg = await self._unary("GetBatch", request, name, rank, timeout)
+        return self.session.batch(msg, addr)
+
+    async def describe(self, job: str | None = None) -> dict:
+        name = self._job(job)
+        _, info = await self._unary("DescribeJob", pb.DescribeJobRequest(job=name), name, 0, None)
+        return _to_dict(info)
+
+    async def iter_batches(
+        self, start_step: int = 0, end_step: int | None = None, rank: int = 0,
+        world_size: int = 1, *, job: str | None = None, prefetch: int | None = None,
+    ) -> AsyncIterator[Batch]:  # fmt: skip
+        """Steps [start_step, end_step) in order, read ahead by a background task."""
+        out: asyncio.Queue = asyncio.Queue(maxsize=prefetch or self.prefetch)
+        task = asyncio.create_task(self._pump(out, self._job(job), start_step, end_step, rank,
+                                              world_size))  # fmt: skip
+        try:
+            while (item := await out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            task.cancel()
+
+    async def _pump(self, out: asyncio.Queue, job: str, step: int, end: int | None, rank: int,
+                    world: int) -> None:  # fmt: skip
+        try:
+            while end is None or step < end:
+                deadline = time.monotonic() + self.session.policy.timeout
+                last, progressed = None, False
+                for servers in self.session.rounds(job, rank, deadline):
+                    if isinstance(servers, float):
+                        await asyncio.sleep(servers)
+                        continue
+                    for addr in servers:
+                        before = step
+                        request = self.session.stream_request(job, step, end, rank, world)
+                        try:
+                            async for msg in self.stub(addr).StreamBatches(request):
+                                await out.put(self.session.batch(msg, addr))
+                                step = msg.step + 1
+                            progressed = True
+                        except grpc.RpcError as e:
+                            err = from_rpc_error(e, addr)
+                            if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
+                                raise err from None
+                            last = err
+                            self.session.mark_failed(addr)
+                            progressed = step > before
+                        if progressed:
+                            break
+                    if progressed:
+                        break
+                if not progressed:
+                    raise self.session.give_up(job, last)
+            await out.put(_END)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # handed to the consumer, raised there
+            await out.put(e)

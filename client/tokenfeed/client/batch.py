@@ -1,0 +1,64 @@
+"""A batch as the trainer sees it, and zero-copy ways to cut it up.
+
+`Batch` maps tensor names to read-only numpy views over the received bytes (no copy).
+`microbatches` splits a rank's batch into gradient-accumulation micro-batches, also views.
+`varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from tokenfeed.client.wire import decode_tensors
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+
+
+class Batch(Mapping[str, np.ndarray]):
+    """One rank's slice of a step: read-only int32 arrays of shape [rows, seq_len]."""
+
+    __slots__ = ("_arrays", "job", "step", "rank", "world_size", "epoch", "fingerprint",
+                 "job_fingerprint", "server")  # fmt: skip
+
+    def __init__(self, msg: pb.Batch, verify: bool = True, server: str = ""):
+        self._arrays = decode_tensors(msg.tensors, msg.fingerprint if verify else None)
+        self.job, self.step, self.rank = msg.job, msg.step, msg.rank
+        self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
+        self.job_fingerprint = msg.job_fingerprint
+        self.server = server
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self._arrays.items()}
+        return f"Batch(job={self.job!r}, step={self.step}, rank={self.rank}, shapes={shapes})"
+
+
+def microbatches(batch: Mapping[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:
+    """`count` micro-batches of equal rows, each a dict of views into `batch` (no copy)."""
+    rows = {len(arr) for arr in batch.values()}
+    if len(rows) != 1:
+        raise ValueError(f"tensors disagree on the number of rows: {sorted(rows)}")
+    (n,) = rows
+    if count < 1 or n % count:
+        raise ValueError(f"cannot split {n} rows into {count} equal micro-batches; "
+                         f"choose a count that divides {n}")  # fmt: skip
+    size = n // count
+    return [{name: arr[i * size : (i + 1) * size] for name, arr in batch.items()}
+            for i in range(count)]  # fmt: skip
+
+
+def varlen(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """(cu_seqlens int32, max_seqlen) of a [rows, seq_len] batch flattened to one sequence:
+    every document piece, and every row, starts where position_ids is 0."""
+    flat = np.asarray(position_ids).reshape(-1)
+    starts = np.flatnonzero(flat == 0)
+    cu = np.append(starts, flat.size).astype(np.int32)
+    return cu, int(np.diff(cu).max()) if len(cu) > 1 else 0
