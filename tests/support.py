@@ -93,3 +93,27 @@ class ServerProcess:
 
 def batch_bytes(batch) -> dict[str, bytes]:
     return {name: arr.tobytes() for name, arr in batch.items()}
+
+
+class FleetProcesses:
+    """N servers of one config, each with its own cache directory, as a fleet target."""
+
+    def __init__(self, tmp: Path, jobs: dict[str, dict], n: int, **server):
+        self.servers: list[ServerProcess] = []
+        for i in range(n):
+            cfg = write_config(tmp / f"fleet{i}.yaml", jobs, tmp / f"cache{i}", **server)
+            self.servers.append(ServerProcess(cfg, tmp / f"fleet{i}.log"))
+        for s in self.servers:
+            for job in jobs:
+                assert s.wait_ready(job)["state"] == "JOB_STATE_READY", s.log()
+
+    @property
+    def target(self) -> str:
+        return ",".join(s.address for s in self.servers)
+
+    def by_address(self, address: str) -> ServerProcess:
+        return next(s for s in self.servers if s.address == address)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (grpc itself aliases grpc_health and grpc_reflection when they are installed, so those two
 # are checked by the fresh-environment test instead.)
 SERVER_ONLY = ("pyarrow", "tokenizers", "boto3", "botocore", "uvloop", "yaml", "zstandard",
-               "orjson", "prometheus_client", "tokenfeed.server")  # fmt: skip
+               "orjson", "prometheus_client", "tokenfeed.server", "torch", "jax")  # fmt: skip
 
 
 def test_importing_the_client_imports_no_server_module():

@@ -1,0 +1,133 @@
+"""A fleet of stateless servers: rendezvous assignment, failover on a dead or draining server,
+and refusal to mix two definitions of one job. Real servers, real SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import pytest
+from support import FleetProcesses, ServerProcess, job_spec, write_config
+
+from tokenfeed.client import AsyncClient, Client, JobMismatch
+from tokenfeed.client.fleet import rendezvous
+
+STEPS = 400  # 32 KiB batches: more than HTTP/2 windows buffer, so a kill lands mid-stream
+
+
+@pytest.fixture
+def fleet(tmp_path, corpus):
+    fleet = FleetProcesses(tmp_path, {"main": job_spec([corpus / "*"], seq_len=256)}, 3)
+    yield fleet
+    fleet.stop()
+
+
+def reference(fleet: FleetProcesses, start: int, end: int, rank: int = 0, world: int = 1):
+    with Client(fleet.servers[0].address, job="main") as c:
+        return [c.get_batch(s, rank, world).fingerprint for s in range(start, end)]
+
+
+def test_rendezvous_spreads_ranks_and_keeps_them_in_place(fleet):
+    with Client(fleet.target, job="main") as c:
+        first = {r: c.get_batch(0, rank=r, world_size=8).server for r in range(8)}
+        again = {r: c.get_batch(1, rank=r, world_size=8).server for r in range(8)}
+    assert first == again, "a (job, rank) stays on its server while the server is up"
+    assert len(set(first.values())) >= 2, "ranks spread over the fleet"
+    for r, addr in first.items():
+        assert addr == rendezvous([s.address for s in fleet.servers], "main", r)[0]
+
+
+def test_sigkill_mid_stream_continues_on_the_next_server(fleet):
+    expected = reference(fleet, 0, STEPS)
+    seen, servers = [], []
+    with Client(fleet.target, job="main", prefetch=2) as c:
+        for batch in c.iter_batches(0, STEPS):
+            seen.append(batch.fingerprint)
+            servers.append(batch.server)
+            if len(seen) == 20:
+                victim = fleet.by_address(batch.server)
+                victim.proc.send_signal(signal.SIGKILL)
+                victim.proc.wait()
+    assert seen == expected
+    assert servers[0] == servers[19] and servers[-1] != servers[0], "it failed over"
+    assert len(seen) == STEPS
+
+
+def test_unary_calls_fail_over_and_come_back(fleet):
+    expected = reference(fleet, 0, 6, rank=3, world=4)
+    with Client(fleet.target, job="main") as c:
+        home = c.get_batch(0, rank=3, world_size=4).server
+        fleet.by_address(home).kill()
+        got = [c.get_batch(s, rank=3, world_size=4) for s in range(6)]
+    assert [b.fingerprint for b in got] == expected
+    assert all(b.server != home for b in got)
+
+
+def test_draining_server_hands_the_stream_over(tmp_path, corpus):
+    """SIGTERM: the server drains for its grace period, then cuts the streams still open; the
+    trainer, reading slower than that, moves on to the next server without an error."""
+    jobs = {"main": job_spec([corpus / "*"], seq_len=256)}
+    fleet = FleetProcesses(tmp_path, jobs, 2, grace_seconds=0.3)
+    try:
+        expected = reference(fleet, 0, 200)
+        seen, servers, stopped = [], [], []
+        with Client(fleet.target, job="main", prefetch=2) as c:
+            for batch in c.iter_batches(0, 200):
+                seen.append(batch.fingerprint)
+                servers.append(batch.server)
+                if len(seen) == 10:
+                    victim = fleet.by_address(batch.server)
+                    threading.Thread(target=lambda: stopped.append(victim.stop())).start()
+                time.sleep(0.01)  # a trainer slower than the grace period
+        assert seen == expected
+        assert servers[-1] != servers[0], "the stream moved to the other server"
+        assert stopped == [0], "the drained server exited cleanly"
+    finally:
+        fleet.stop()
+
+
+def test_async_client_streams_and_fails_over(fleet):
+    expected = reference(fleet, 0, STEPS)
+
+    async def run():
+        got, servers = [], set()
+        async with AsyncClient(fleet.target, job="main", prefetch=2) as c:
+            assert (await c.get_batch(5)).fingerprint == expected[5]
+            async for batch in c.iter_batches(0, STEPS):
+                got.append(batch.fingerprint)
+                servers.add(batch.server)
+                if len(got) == 15:
+                    fleet.by_address(batch.server).proc.send_signal(signal.SIGKILL)
+        return got, servers
+
+    got, servers = asyncio.run(run())
+    assert got == expected and len(servers) >= 2
+
+
+def test_dns_target_resolves_to_the_servers(fleet):
+    port = fleet.servers[1].address.rsplit(":", 1)[1]
+    with Client(f"dns:///localhost:{port}", job="main") as c:
+        batch = c.get_batch(2)
+    assert batch.server.endswith(f":{port}")
+    assert batch.fingerprint == reference(fleet, 2, 3)[0]
+
+
+def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
+    a_cfg = write_config(tmp_path / "a.yaml", {"main": job_spec([corpus / "*"], seed=1)},
+                         tmp_path / "ca")  # fmt: skip
+    b_cfg = write_config(tmp_path / "b.yaml", {"main": job_spec([corpus / "*"], seed=2)},
+                         tmp_path / "cb")  # fmt: skip
+    a, b = ServerProcess(a_cfg, tmp_path / "a.log"), ServerProcess(b_cfg, tmp_path / "b.log")
+    try:
+        a.wait_ready("main"), b.wait_ready("main")
+        ranks = {r: rendezvous([a.address, b.address], "main", r)[0] for r in range(8)}
+        on_a = next(r for r, addr in ranks.items() if addr == a.address)
+        on_b = next(r for r, addr in ranks.items() if addr == b.address)
+        with Client(f"{a.address},{b.address}", job="main") as c:
+            c.get_batch(0, rank=on_a, world_size=8)
+            with pytest.raises(JobMismatch, match="define this job differently"):
+                c.get_batch(0, rank=on_b, world_size=8)
+    finally:
+        a.stop(), b.stop()

@@ -1,0 +1,86 @@
+"""The PyTorch adapter: a trainer checkpoints its data position, exits, and a new process
+resumes exactly where it stopped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tokenfeed.client import Client, JobMismatch
+from tokenfeed.client.torch import TokenFeedDataset
+from tokenfeed.client.wire import fingerprint
+
+TRAINER = r"""
+import json, os, sys
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tokenfeed.client import Client
+from tokenfeed.client.torch import TokenFeedDataset
+from tokenfeed.client.wire import fingerprint
+
+target, ckpt, stop_after, end, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+data = TokenFeedDataset(Client(target, job="main"), rank=0, world_size=1, end_step=end)
+if os.path.exists(ckpt):
+    data.load_state_dict(torch.load(ckpt))
+seen = []
+for i, batch in enumerate(DataLoader(data, batch_size=None)):
+    assert all(t.dtype == torch.int32 for t in batch.values())
+    seen.append(fingerprint([(k, np.dtype("<i4"), tuple(t.shape), t.numpy().tobytes())
+                             for k, t in batch.items()]))
+    if i + 1 == stop_after:
+        torch.save(data.state_dict(), ckpt)   # the trainer's checkpoint, then it exits
+        break
+with open(log, "a") as f:
+    f.write(json.dumps(seen) + "\n")
+"""
+
+
+def test_checkpoint_exit_and_resume_in_a_new_process(server, tmp_path):
+    script, ckpt, log = tmp_path / "trainer.py", tmp_path / "data.pt", tmp_path / "log.jsonl"
+    script.write_text(TRAINER)
+    for stop_after in (7, 10**9):  # first process stops after 7 steps, second runs to the end
+        run = subprocess.run([sys.executable, str(script), server.address, str(ckpt),
+                              str(stop_after), "30", str(log)],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    with Client(server.address, job="main") as c:
+        uninterrupted = [c.get_batch(s).fingerprint for s in range(30)]
+    assert len(first) == 7
+    assert first + second == uninterrupted
+    assert torch.load(ckpt)["next_step"] == 7
+
+
+def test_state_dict_refuses_a_checkpoint_of_another_job_definition(server):
+    data = TokenFeedDataset(Client(server.address, job="main"))
+    state = {"next_step": 3, "job": "main", "job_fingerprint": "0" * 32}
+    with pytest.raises(JobMismatch, match="changed since the checkpoint"):
+        data.load_state_dict(state)
+    with pytest.raises(ValueError, match="checkpoint is for job 'other'"):
+        data.load_state_dict({**state, "job": "other"})
+
+
+def test_dataset_yields_the_rank_slice_and_tracks_the_next_step(server):
+    data = TokenFeedDataset(Client(server.address, job="main"), rank=1, world_size=2,
+                            start_step=4, end_step=6)  # fmt: skip
+    batches = list(DataLoader(data, batch_size=None))
+    assert data.state_dict()["next_step"] == 6 and len(batches) == 2
+    with Client(server.address, job="main") as c:
+        want = c.get_batch(5, rank=1, world_size=2)
+    got = batches[1]
+    assert set(got) == set(want) and all(torch.equal(got[k], torch.from_numpy(
+        want[k].copy())) for k in want)  # fmt: skip
+    assert fingerprint([(k, want[k].dtype, want[k].shape, got[k].numpy().tobytes())
+                        for k in want]) == want.fingerprint  # fmt: skip
+
+
+def test_dataloader_workers_are_refused_with_the_reason(server):
+    data = TokenFeedDataset(Client(server.address, job="main"), end_step=2)
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        list(DataLoader(data, batch_size=None, num_workers=1))
