@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from tokenfeed.client import Client, microbatches
 from tokenfeed.client.jax import host_batches
 

@@ -10,7 +10,6 @@ import time
 
 import pytest
 from support import FleetProcesses, ServerProcess, job_spec, write_config
-
 from tokenfeed.client import AsyncClient, Client, JobMismatch
 from tokenfeed.client.fleet import rendezvous
 

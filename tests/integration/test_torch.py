@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from tokenfeed.client import Client, JobMismatch
 from tokenfeed.client.torch import TokenFeedDataset
 from tokenfeed.client.wire import fingerprint
+from torch.utils.data import DataLoader
 
 TRAINER = r"""
 import json, os, sys

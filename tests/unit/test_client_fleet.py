@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from tokenfeed.client.fleet import Fleet, parse_target, rendezvous, resolve
 
 SERVERS = [f"10.0.0.{i}:50051" for i in range(1, 6)]
