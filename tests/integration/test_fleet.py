@@ -78,7 +78,8 @@ def test_draining_server_hands_the_stream_over(tmp_path, corpus):
                 servers.append(batch.server)
                 if len(seen) == 10:
                     victim = fleet.by_address(batch.server)
-                    threading.Thread(target=lambda: stopped.append(victim.stop())).start()
+                    drain = threading.Thread(target=lambda v=victim: stopped.append(v.stop()))
+                    drain.start()
                 time.sleep(0.01)  # a trainer slower than the grace period
         assert seen == expected
         assert servers[-1] != servers[0], "the stream moved to the other server"

@@ -23,7 +23,8 @@ from tokenfeed.client import Client
 from tokenfeed.client.torch import TokenFeedDataset
 from tokenfeed.client.wire import fingerprint
 
-target, ckpt, stop_after, end, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+target, ckpt, log = sys.argv[1], sys.argv[2], sys.argv[5]
+stop_after, end = int(sys.argv[3]), int(sys.argv[4])
 data = TokenFeedDataset(Client(target, job="main"), rank=0, world_size=1, end_step=end)
 if os.path.exists(ckpt):
     data.load_state_dict(torch.load(ckpt))
