@@ -1,4 +1,5 @@
-"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, and tokenization overhead.
+"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization overhead, and the
+client's own costs in a fleet (decoding, waiting on data, failover).
 
     python -m bench.run [--quick]      (from the repository root; `make bench`, `make bench-quick`)
 
@@ -16,7 +17,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import serving, tokenization
+from bench import client, serving, tokenization
+from bench.client import ClientResult
 from bench.serving import ServingResult
 from bench.stats import median, paired_ratio, percentile
 from bench.table import number, render
@@ -29,10 +31,12 @@ TOKENIZE_TARGET = 0.85
 QUICK = (
     serving.ServingSizes(rounds=3, unary_calls=100, stream_steps=105),
     tokenization.TokenizationSizes(copies=1, repeats=3),
+    client.ClientSizes(decodes=200, handoffs=2000, trainer_steps=250, rounds=2, failovers=3),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
     tokenization.TokenizationSizes(copies=4, repeats=7),
+    client.ClientSizes(decodes=1000, handoffs=10000, trainer_steps=500, rounds=5, failovers=7),
 )
 
 
@@ -99,11 +103,66 @@ def tokenization_table(r: TokenizationResult) -> str:
     return render(title, header, rows)
 
 
+def client_table(r: ClientResult) -> str:
+    one, three = client.ROWS[client.ONE_RANK], client.ROWS[client.THREE_RANKS]
+    costs = render(
+        f"3. Client and fleet\n"
+        f"3a. Client cost per batch: seq_len {serving.SEQ_LEN} x {one} rows, 4 int32 tensors; "
+        f"median of {client.REPEATS} timed loops",
+        ["", "us per batch"],
+        [[label, number(us, 1)] for label, us in r.costs.items()],
+    )
+    notes = (
+        "protobuf parse: pb.Batch.FromString of the serialized message (gRPC does it once)\n"
+        "Batch(msg...): numpy views over the tensors, with and without the SHA-256 fingerprint\n"
+        "hand-off: one put + get of a Batch through a bounded queue.Queue(4) between threads\n"
+        "iter_batches flat out: wall time per batch from one server, no compute (server-bound)"
+    )
+    rows, rounds = [], 0
+    for (ranks, servers), figures in r.trainers.items():
+        waits, rates, used = (list(column) for column in zip(*figures, strict=True))
+        compute = client.COMPUTE_SECONDS[ranks]
+        rows.append([f"{ranks} x {compute * 1e3:g} ms", str(servers), f"{median(waits):.1%}",
+                     number(median(rates)), number(1 / compute), str(max(used))])  # fmt: skip
+        rounds = len(figures)
+    waits = render(
+        "3b. Trainer waiting on data: iter_batches (prefetch 4), a sleep per step as compute\n"
+        f"    1 rank: {one} rows, world 1; 3 ranks: {three} rows, world 3 ({three // 3} per rank),"
+        " a thread and a Client each\n"
+        f"    waiting: time blocked in next() / wall time; medians of {rounds} alternating "
+        "rounds; the first batch (opening the stream) is not counted",
+        ["ranks x compute/step", "servers", "waiting", "steps/s per rank", "1/compute",
+         "servers used"],
+        rows,
+    )  # fmt: skip
+    fo = r.failovers
+    ms = {
+        "SIGKILL to first batch from another server (ms)": [f.to_other * 1e3 for f in fo],
+        "longest gap between batches around the kill (ms)": [f.longest_gap * 1e3 for f in fo],
+        "usual gap between batches before the kill (ms)": [f.usual_gap * 1e3 for f in fo],
+        "batches from the killed server after the kill": [float(f.stale) for f in fo],
+    }
+    failover = render(
+        f"3c. Failover: {len(fo)} SIGKILLs of the server streaming to 1 rank ({one} rows, "
+        f"{client.COMPUTE_SECONDS[1] * 1e3:g} ms compute per step)\n"
+        f"    after {client.KILL_AT} batches, {client.SERVERS} servers; the killed one "
+        "restarts between repetitions",
+        ["", "median", "max"],
+        [[label, number(median(v), 1), number(max(v), 1)] for label, v in ms.items()],
+    )
+    note = (
+        "the first row includes consuming the batches already read from the killed server "
+        "(prefetch queue, gRPC buffers)\n"
+        f"batches out of step order, all repetitions: {sum(f.out_of_order for f in fo)}"
+    )
+    return f"{costs}\n{notes}\n\n{waits}\n\n{failover}\n{note}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     args = parser.parse_args()
-    serving_sizes, tokenize_sizes = QUICK if args.quick else FULL
+    serving_sizes, tokenize_sizes, client_sizes = QUICK if args.quick else FULL
     threads = cores()
     OUT.mkdir(parents=True, exist_ok=True)
 
@@ -113,7 +172,8 @@ def main() -> None:
     start = time.perf_counter()
     served = serving.run(serving_sizes, OUT, threads)
     print(serving_table(served) + "\n", flush=True)
-    print(tokenization_table(tokenization.run(tokenize_sizes, OUT, threads)) + "\n")
+    print(tokenization_table(tokenization.run(tokenize_sizes, OUT, threads)) + "\n", flush=True)
+    print(client_table(client.run(client_sizes, OUT, threads)) + "\n")
     print(f"total {time.perf_counter() - start:.0f}s")
 
 

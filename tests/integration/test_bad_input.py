@@ -135,3 +135,22 @@ def test_corpus_smaller_than_a_row_fails_the_job_clearly(tmp_path):
             c.get_batch(0)
     finally:
         assert proc.stop() == 0
+
+
+def test_one_broken_job_does_not_stop_the_others(tmp_path, corpus):
+    jobs = {
+        "good": job_spec([corpus / "*"]),
+        "nothing": job_spec([tmp_path / "missing-*.jsonl"]),
+    }
+    proc = ServerProcess(write_config(tmp_path / "tf.yaml", jobs, tmp_path / "c"), tmp_path / "l")
+    try:
+        assert proc.wait_ready("good")["state"] == "JOB_STATE_READY"
+        info = proc.wait_ready("nothing")
+        assert info["state"] == "JOB_STATE_FAILED"
+        assert "missing-*.jsonl" in info["error"] and "matched no objects" in info["error"]
+        with proc.client("nothing") as c, pytest.raises(JobFailed, match="matched no objects"):
+            c.get_batch(0)
+        with proc.client("good") as c:
+            assert c.get_batch(0)["input_ids"].shape == (8, 64)
+    finally:
+        assert proc.stop() == 0

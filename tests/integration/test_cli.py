@@ -54,13 +54,25 @@ def test_config_errors_name_the_key_and_value(tmp_path, corpus):
         "seq_len": (job_spec([corpus / "*"], seq_len=-3), "jobs.j.seq_len", "-3"),
         "packing": (job_spec([corpus / "*"], packing="zigzag"), "jobs.j.packing", "'zigzag'"),
         "unknown": (job_spec([corpus / "*"], sqe_len=5), "jobs.j.sqe_len", "unknown key"),
-        "nomatch": (job_spec([tmp_path / "nothing-*.jsonl"]), "matched no objects", "nothing-"),
     }
     for name, (spec, where, value) in cases.items():
         cfg = write_config(tmp_path / f"{name}.yaml", {"j": spec}, tmp_path / "cache")
         out = tokenfeed("serve", "--config", str(cfg))
         assert out.returncode == 2, (name, out.stderr)
         assert where in out.stderr and value in out.stderr, (name, out.stderr)
+    # a source that matches nothing is the job's failure, reported as such by a one-shot command
+    cfg = write_config(tmp_path / "nomatch.yaml", {"j": job_spec([tmp_path / "nothing-*.jsonl"])},
+                       tmp_path / "cache")  # fmt: skip
+    out = tokenfeed("inspect", "--config", str(cfg), "--job", "j")
+    assert out.returncode == 2 and "matched no objects" in out.stderr and "nothing-" in out.stderr
+
+
+def test_a_busy_listen_address_is_a_clear_error(server, tmp_path, corpus):
+    cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([corpus / "*"])}, tmp_path / "cache",
+                       listen=server.address)  # fmt: skip
+    out = tokenfeed("serve", "--config", str(cfg), "--listen", server.address)
+    assert out.returncode == 2
+    assert f"server.listen: cannot listen on '{server.address}'" in out.stderr
 
 
 def test_json_logs_locate_each_skipped_record(tmp_path):

@@ -46,7 +46,7 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
 
     async def build() -> None:
         with ThreadPoolExecutor(cfg.server.tokenize_threads) as pool:
-            await job.build_index(pool, cfg.server.tokenize_threads)
+            await job.build_index(pool, cfg.server.tokenize_threads, retry=False)
         await job.wait_ready(0)
 
     asyncio.run(build())

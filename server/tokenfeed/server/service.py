@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from concurrent.futures import Executor
 
 import grpc
 from tokenfeed.client.wire import encode_tensors
@@ -58,9 +59,10 @@ def _unary(method):
 
 
 class TokenFeedServicer(pb_grpc.TokenFeedServicer):
-    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float):
+    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor):
         self.jobs = jobs
         self.max_wait = max_wait_seconds
+        self.io = io  # opens, verifies and rebuilds chunks off the event loop
 
     def _job(self, name: str) -> Job:
         if not name:
@@ -79,8 +81,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         await job.wait_ready(min(self.max_wait, remaining if remaining is not None else math.inf))
         return job
 
-    @staticmethod
-    def _batch(job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
+    async def _batch(self, job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
+        await job.prepare(step, rank, world_size, self.io)
         epoch, arrays = job.batch(step, rank, world_size)
         tensors, fingerprint = encode_tensors(arrays)
         return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
@@ -91,7 +93,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:
         ws = request.world_size or 1
         job = await self._ready_job(request.job, request.step, request.rank, ws, context)
-        return self._batch(job, request.step, request.rank, ws)
+        return await self._batch(job, request.step, request.rank, ws)
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
         try:
@@ -106,7 +108,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             # Built inline: measured faster than building ahead in threads, whose GIL
             # contention with the event loop cost more than the overlap gained (bench/).
             for step in range(request.start_step, end):
-                yield self._batch(job, step, request.rank, ws)
+                yield await self._batch(job, step, request.rank, ws)
         except Exception as exc:
             await _abort(context, exc, "StreamBatches")
 
@@ -120,18 +122,18 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
 
 def job_info(job: Job) -> pb.JobInfo:
-    s = job.spec
+    s, idx = job.spec, job.index
     ready = job.state == READY
     return pb.JobInfo(
         name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
         seq_len=s.seq_len, global_batch_size=s.global_batch_size, seed=s.seed, packing=s.packing,
-        num_sources=len({c.source.uri for c in job.chunks}), num_chunks=len(job.chunks),
-        chunks_indexed=job.chunks_indexed,
-        num_documents=int(job.num_docs[job.num_docs > 0].sum()),
-        num_tokens=int(job.num_tokens[job.num_tokens > 0].sum()),
-        rows_per_epoch=job.rows_per_epoch if ready else 0,
+        num_sources=len({c.source.uri for c in idx.chunks}), num_chunks=len(idx.chunks),
+        chunks_indexed=idx.chunks_indexed,
+        num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
+        num_tokens=int(idx.num_tokens[idx.num_tokens > 0].sum()),
+        rows_per_epoch=idx.rows_per_epoch if ready else 0,
         steps_per_epoch=job.steps_per_epoch if ready else 0,
         bad_records=[pb.BadRecordCount(reason=r, count=c)
-                     for r, c in sorted(job.bad_records.items())],
+                     for r, c in sorted(idx.bad_records.items())],
         tensor_names=list(job.tensor_names),
     )  # fmt: skip

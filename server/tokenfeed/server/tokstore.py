@@ -48,6 +48,7 @@ class ChunkIndex:
     records: int
     bad: dict[str, int]
     bad_examples: list[str]
+    digest: str  # of the chunk's .bin and .idx content
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,25 @@ class TokenStore:
     def _index(m: dict) -> ChunkIndex:
         return ChunkIndex(
             m["key"], m["num_docs"], m["num_tokens"], m["records"], m["bad_records"],
-            m["bad_examples"],
+            m["bad_examples"], f"{m['bin_blake2b']}:{m['idx_blake2b']}",
         )  # fmt: skip
+
+    @staticmethod
+    def _consistent(m: object) -> bool:
+        """The manifest's counts agree with its file sizes (the digests vouch for the files)."""
+        try:
+            n, t = m["num_docs"], m["num_tokens"]
+            itemsize = np.dtype(m["dtype"]).itemsize
+            return (
+                m["manifest_version"] == MANIFEST_VERSION
+                and m["bin_bytes"] == t * itemsize
+                and m["idx_bytes"] == 34 + 12 * n + 8 * (n + 1)
+                and isinstance(m["bad_records"], dict)
+                and isinstance(m["bad_examples"], list)
+                and all(isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b"))
+            )
+        except (TypeError, KeyError, ValueError):
+            return False
 
     def _manifest(self, key: str) -> dict | None:
         bin_path, idx_path, meta_path = self._paths(key)
@@ -163,12 +181,12 @@ class TokenStore:
             return None
         try:
             ok = (
-                m.get("manifest_version") == MANIFEST_VERSION
+                self._consistent(m)
                 and bin_path.stat().st_size == m["bin_bytes"]
                 and idx_path.stat().st_size == m["idx_bytes"]
             )
-        except (OSError, KeyError) as e:
-            ok, m = False, {"error": str(e)}
+        except OSError:
+            ok = False
         if not ok:
             self.drop(key, "files disagree with the manifest")
             return None
@@ -190,6 +208,9 @@ class TokenStore:
                 raise StoreCorruptError(f"token chunk {key} failed its checksum and was dropped")
             self._verified.add(key)
         dtype, lengths, pointers = decode_idx(idx_path.read_bytes())
+        if len(lengths) != m["num_docs"] or int(lengths.sum()) != m["num_tokens"]:
+            self.drop(key, "index disagrees with the manifest")
+            raise StoreCorruptError(f"token chunk {key} index disagrees with its manifest")
         tokens = np.zeros(0, dtype=dtype)
         if m["num_tokens"]:
             with open(bin_path, "rb") as f:

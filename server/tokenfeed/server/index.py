@@ -1,0 +1,207 @@
+"""A job's token index: list the sources, plan the chunks, make sure each is tokenized.
+
+`JobIndex.build` runs listing and tokenization in worker threads, several chunks at once, in
+the epoch-0 chunk order. Outcomes:
+- READY: every chunk is stored; documents and tokens per chunk are known (`num_docs`,
+  `num_tokens`), and the job fingerprint covers the content of every chunk.
+- FAILED: the data itself refuses the job (a bad record under `strict`, a source that matches
+  nothing or changed after it was pinned, a corpus too small for one row). Every server would
+  reach the same verdict, so clients are told so (FAILED_PRECONDITION).
+- anything else (an I/O error on this server's disk, a bug) is this server's problem: the build
+  is retried with backoff while requests get UNAVAILABLE, so clients fail over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections import Counter
+from concurrent.futures import Executor
+
+import numpy as np
+from tokenfeed.server import order, packing
+from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
+from tokenfeed.server.config import JobSpec, SourceSpec
+from tokenfeed.server.errors import BadRecordError, SourceError, TokenfeedError
+from tokenfeed.server.readers import BadRecord, read_documents
+from tokenfeed.server.storage import ObjectInfo, store_for
+from tokenfeed.server.tokenize import TextTokenizer
+from tokenfeed.server.tokstore import ChunkIndex, TokenStore
+
+log = logging.getLogger(__name__)
+
+INDEXING, READY, FAILED = "indexing", "ready", "failed"
+BAD_EXAMPLES_PER_CHUNK = 20
+RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
+
+
+class BuildCancelled(Exception):
+    """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""
+
+
+class JobIndex:
+    def __init__(self, spec: JobSpec, store: TokenStore):
+        self.spec, self.name, self.store = spec, spec.name, store
+        self.tokenizer = TextTokenizer(spec.tokenizer)
+        self.chunks: list[Chunk] = []
+        self.keys: list[str] = []
+        self.num_docs = np.zeros(0, dtype=np.int64)
+        self.num_tokens = np.zeros(0, dtype=np.int64)
+        self.digests: list[str] = []
+        self.bad_records: Counter[str] = Counter()
+        self.state, self.error, self.fingerprint = INDEXING, "", ""
+        self.rows_per_chunk = np.zeros(0, dtype=np.int64)
+        self.rows_per_epoch = 0
+        self._cancel = threading.Event()
+
+    @property
+    def chunks_indexed(self) -> int:
+        return int((self.num_docs >= 0).sum())
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def build(self, executor: Executor, parallel: int, retry: bool = True) -> None:
+        """Build until READY or FAILED, retrying failures local to this server (or, without
+        `retry`, failing on them too: a one-shot command wants the error, not a wait)."""
+        pause = RETRY_SECONDS[0]
+        while not self._cancel.is_set():
+            try:
+                await self._build_once(executor, parallel)
+                return
+            except TokenfeedError as e:
+                self._fail(str(e))
+                return
+            except BuildCancelled:
+                return
+            except Exception as e:  # local: disk, memory, a bug; another server may do better
+                if not retry:
+                    self._fail(f"index build failed: {type(e).__name__}: {e}")
+                    return
+                log.exception("job %s: index build failed here; retrying in %.0fs",
+                              self.name, pause)  # fmt: skip
+                self.error = f"index build failed on this server: {type(e).__name__}: {e}"
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_SECONDS[1])
+
+    async def _build_once(self, executor: Executor, parallel: int) -> None:
+        loop = asyncio.get_running_loop()
+        if not self.chunks:
+            await loop.run_in_executor(executor, self._plan)
+        n = len(self.chunks)
+        keys = order.round_keys("chunks", self.spec.seed, self.spec.dataset, 0)
+        todo = [int(i) for i in order.permute(np.arange(n), n, keys) if self.num_docs[i] < 0]
+        todo.reverse()  # popped from the end: epoch-0 order
+
+        async def worker() -> None:
+            while todo and not self._cancel.is_set():
+                i = todo.pop()
+                self._record(i, await loop.run_in_executor(executor, self.ensure_chunk, i))
+
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the others
+                for _ in range(max(1, parallel)):
+                    group.create_task(worker())
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        if self._cancel.is_set():
+            raise BuildCancelled
+        self._finish()
+
+    def _plan(self) -> None:
+        objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
+        for source in self.spec.sources:
+            found = store_for(source.pattern).list(source.pattern)
+            if not found:
+                raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
+            for obj in found:  # an object matched by two patterns is read once, as the first says
+                objects.setdefault(obj.uri, (obj, source))
+        chunks = plan_chunks(list(objects.values()), self.spec.chunk_bytes)
+        if not chunks:
+            raise SourceError(f"job {self.name}: every source object is empty")
+        self.keys = [c.key(self.tokenizer.digest) for c in chunks]
+        self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
+        self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
+        self.digests = [""] * len(chunks)
+        self.chunks = chunks
+
+    def ensure_chunk(self, i: int) -> ChunkIndex:
+        """Runs in a worker thread: the chunk's index entry, tokenizing it if it is not stored."""
+        key, chunk = self.keys[i], self.chunks[i]
+        found = self.store.get_index(key)
+        if found is not None:
+            # Possibly stored by a job with the skip policy: the manifest kept the locations.
+            self._check_policy(found.bad_examples)
+            return found
+        docs = read_documents(store_for(chunk.source.uri), chunk)
+        self._check_policy([str(b) for b in docs.bad])
+        tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
+        bad = list(docs.bad)
+        if (lengths == 0).any():
+            empty = np.nonzero(lengths == 0)[0]
+            bad += [BadRecord("no_tokens", f"{chunk.describe()} document {d}") for d in empty]
+            self._check_policy([str(b) for b in bad])
+            lengths = lengths[lengths > 0]
+        for b in bad:
+            fields = {"job": self.name, "reason": b.reason, "location": b.location}
+            log.warning("job %s: skipped bad record %s", self.name, b, extra=fields)
+        counts = dict(Counter(b.reason for b in bad))
+        examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
+        return self.store.put(key, tokens, lengths, docs.records, counts, examples,
+                              chunk.describe())  # fmt: skip
+
+    def _stop_point(self) -> None:
+        if self._cancel.is_set():
+            raise BuildCancelled
+
+    def _check_policy(self, bad: list[str]) -> None:
+        if bad and self.spec.bad_records == "strict":
+            raise BadRecordError(
+                f"job {self.name}: bad record at {bad[0]}; the job's policy is strict "
+                f"(set bad_records: skip to skip, count and log such records)"
+            )
+
+    def _record(self, i: int, entry: ChunkIndex) -> None:
+        self.num_docs[i] = entry.num_docs
+        self.num_tokens[i] = entry.num_tokens
+        self.digests[i] = entry.digest
+        self.bad_records.update(entry.bad)
+
+    def _finish(self) -> None:
+        add_bos, seq_len = self.tokenizer.add_bos, self.spec.seq_len
+        rows = np.array(
+            [packing.concat_rows(int(t), int(d), seq_len, add_bos)
+             for t, d in zip(self.num_tokens, self.num_docs, strict=True)],
+            dtype=np.int64,
+        )  # fmt: skip
+        total = int(rows.sum())
+        if total == 0:
+            raise SourceError(
+                f"job {self.name}: the corpus yields no row of seq_len {seq_len} "
+                f"({int(self.num_tokens.sum())} tokens in {len(self.chunks)} chunks); "
+                "lower seq_len or chunk_bytes, or add data"
+            )
+        self.rows_per_chunk, self.rows_per_epoch = rows, total
+        self.fingerprint = self._fingerprint()
+        self.state, self.error = READY, ""
+        log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
+                 self.name, len(self.chunks), int(self.num_docs.sum()),
+                 int(self.num_tokens.sum()), total)  # fmt: skip
+
+    def _fail(self, error: str) -> None:
+        self.state, self.error = FAILED, error
+        log.error("job %s failed: %s", self.name, error)
+
+    def _fingerprint(self) -> str:
+        """Everything that decides the bytes of a batch, the content of every chunk included."""
+        s, t = self.spec, self.tokenizer
+        parts = [
+            f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}",
+            f"batch={s.global_batch_size}", f"seed={s.seed}", f"packing={s.packing}",
+            f"dataset={s.dataset}", f"window={s.window_chunks}", f"eos={t.eos_id}",
+            f"bos={t.bos_id}", f"add_bos={t.add_bos}",
+        ]  # fmt: skip
+        parts += [f"chunk={digest}" for digest in self.digests]
+        return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
