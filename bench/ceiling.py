@@ -49,11 +49,15 @@ class CeilingServicer(pb_grpc.TokenFeedServicer):
             steps_per_epoch=ENDLESS, tensor_names=list(TENSOR_NAMES),
         )  # fmt: skip
 
+    # The step is set on the shared message just before it is handed to gRPC, which serializes
+    # it before this coroutine runs again: clients check that each batch carries its step.
     async def GetBatch(self, request, context):
+        self.batch.step = request.step
         return self.batch
 
     async def StreamBatches(self, request, context):
-        for _ in range(request.start_step, request.end_step or ENDLESS):
+        for step in range(request.start_step, request.end_step or ENDLESS):
+            self.batch.step = step
             yield self.batch
 
     async def DescribeJob(self, request, context):

@@ -182,6 +182,9 @@ def trainer(target: str, job: str, rank: int, world: int, steps: int, start: thr
                 waited += time.perf_counter() - before
                 time.sleep(COMPUTE_SECONDS[world])
             return waited, time.perf_counter() - began, servers
+        except BaseException:
+            start.abort()  # the other ranks stop waiting for this one
+            raise
         finally:
             batches.close()
 

@@ -129,8 +129,8 @@ def client_table(r: ClientResult) -> str:
         "3b. Trainer waiting on data: iter_batches (prefetch 4), a sleep per step as compute\n"
         f"    1 rank: {one} rows, world 1; 3 ranks: {three} rows, world 3 ({three // 3} per rank),"
         " a thread and a Client each\n"
-        f"    waiting: time blocked in next() / wall time; medians of {rounds} alternating "
-        "rounds; the first batch (opening the stream) is not counted",
+        "    waiting: time blocked in next() / wall time, the first batch (opening the stream) "
+        f"not counted;\n    medians of {rounds} alternating rounds",
         ["ranks x compute/step", "servers", "waiting", "steps/s per rank", "1/compute",
          "servers used"],
         rows,

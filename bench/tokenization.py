@@ -90,11 +90,11 @@ def time_index(cfg: configmod.Config, cache: Path, expected_docs: int) -> tuple[
     start = time.perf_counter()
     asyncio.run(build())
     seconds = time.perf_counter() - start
-    docs = int(job.num_docs.sum())
+    docs = int(job.index.num_docs.sum())
     if job.state != "ready" or docs != expected_docs:
         raise RuntimeError(f"index build: state {job.state} ({job.error or 'no error'}), "
                            f"{docs} documents indexed of {expected_docs}")  # fmt: skip
-    return seconds, len(job.chunks)
+    return seconds, len(job.index.chunks)
 
 
 def run(sizes: TokenizationSizes, out: Path, threads: int) -> TokenizationResult:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import numpy as np
 import pytest
 from support import ServerProcess, batch_bytes, job_spec, write_config
@@ -89,3 +92,19 @@ def test_epochs_continue_with_a_new_order(server):
         b0, b1 = c.get_batch(0), c.get_batch(spe + 1)
         assert b1.epoch == 1 and b0.epoch == 0
         assert b0.fingerprint != b1.fingerprint
+
+
+def test_sigterm_during_tokenization_abandons_the_chunk_and_exits_cleanly(tmp_path, texts):
+    # one chunk of ~30 MB: seconds of tokenization, far longer than the drain
+    big = tmp_path / "big.jsonl"
+    with big.open("w") as f:
+        for _ in range(100):
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    cfg = write_config(tmp_path / "tf.yaml", {"big": job_spec([big], chunk_bytes="64MiB")},
+                       tmp_path / "cache", grace_seconds=0.5)  # fmt: skip
+    proc = ServerProcess(cfg, tmp_path / "log.txt")
+    time.sleep(0.5)
+    assert proc.stop() == 0, proc.log()
+    # had the server waited for the tokenizer, the chunk would have been committed
+    assert not list((tmp_path / "cache" / "tokens").rglob("*.json")), proc.log()
+    assert not list((tmp_path / "cache" / "tokens").rglob("*.tmp"))

@@ -131,3 +131,38 @@ def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
                 c.get_batch(0, rank=on_b, world_size=8)
     finally:
         a.stop(), b.stop()
+
+
+def test_a_hung_server_is_left_behind(fleet):
+    """SIGSTOP: the server keeps its connections open and answers nothing."""
+    expected = reference(fleet, 0, 60)
+    with Client(fleet.target, job="main", timeout=9, prefetch=2) as c:
+        home = fleet.by_address(c.get_batch(0).server)
+        home.proc.send_signal(signal.SIGSTOP)
+        try:
+            batch = c.get_batch(1)  # the attempt on the hung server times out after 3 s
+            assert batch.server != home.address and batch.fingerprint == expected[1]
+            seen = [b.fingerprint for b in c.iter_batches(0, 60)]
+        finally:
+            home.proc.send_signal(signal.SIGCONT)
+    assert seen == expected
+
+
+def test_closing_the_client_stops_its_streams(fleet):
+    c = Client(fleet.target, job="main", prefetch=2)
+    stream = c.iter_batches(0, None)
+    assert next(stream).step == 0
+    c.close()
+    assert not [t for t in threading.enumerate() if t.name == "tokenfeed-prefetch"]
+    with pytest.raises((StopIteration, ValueError)):
+        for _ in range(10):  # what was already queued may still come out, then it ends
+            next(stream)
+    with pytest.raises(ValueError, match="closed"):
+        c.get_batch(0)
+
+
+def test_describe_gives_integers(fleet):
+    with Client(fleet.target, job="main") as c:
+        info = c.describe()
+    assert isinstance(info["steps_per_epoch"], int) and info["steps_per_epoch"] > 0
+    assert isinstance(info["num_tokens"], int) and isinstance(info["seq_len"], int)

@@ -84,3 +84,13 @@ def test_dataloader_workers_are_refused_with_the_reason(server):
     data = TokenFeedDataset(Client(server.address, job="main"), end_step=2)
     with pytest.raises(RuntimeError, match="num_workers=0"):
         list(DataLoader(data, batch_size=None, num_workers=1))
+
+
+def test_a_checkpoint_taken_before_the_first_batch_resumes(server):
+    fresh = TokenFeedDataset(Client(server.address, job="main"), start_step=3, end_step=5)
+    state = fresh.state_dict()
+    assert state == {"next_step": 3, "job": "main", "job_fingerprint": ""}
+    resumed = TokenFeedDataset(Client(server.address, job="main"), end_step=5)
+    resumed.load_state_dict(state)
+    assert [int(b["input_ids"].shape[0]) for b in DataLoader(resumed, batch_size=None)] == [8, 8]
+    assert resumed.state_dict()["next_step"] == 5 and resumed.job_fingerprint

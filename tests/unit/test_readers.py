@@ -348,3 +348,14 @@ def test_corrupt_compressed_object_is_a_source_error(tmp_path, suffix):
     path.write_bytes(b"\x1f\x8b\x08\x00 definitely not a valid stream" * 3)
     with pytest.raises(SourceError, match="cannot decompress"):
         read_all(plan(path))
+
+
+def test_truncated_zstd_is_refused_not_read_short(tmp_path):
+    lines = "".join(f'{{"text": "document number {i} with some words"}}\n' for i in range(400))
+    whole = zstandard.ZstdCompressor().compress(lines.encode())
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(whole[: len(whole) // 2])
+    store = LocalStore()
+    (chunk,) = plan_chunks([(store.list(str(path))[0], SourceSpec(str(path)))], 2**20)
+    with pytest.raises(SourceError, match="truncated"):
+        read_documents(store, chunk)

@@ -14,7 +14,7 @@ import grpc
 from tokenfeed.client._client import _to_dict
 from tokenfeed.client._session import CHANNEL_OPTIONS, Policy, Session
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
+from tokenfeed.client.errors import DeadlineExceeded, TokenfeedClientError, from_rpc_error
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -86,7 +86,7 @@ class AsyncClient:
         name = self._job(job)
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = await self._unary("GetBatch", request, name, rank, timeout)
-        return self.session.batch(msg, addr)
+        return self.session.batch(msg, addr, expected_step=step)
 
     async def describe(self, job: str | None = None) -> dict:
         name = self._job(job)
@@ -111,37 +111,49 @@ class AsyncClient:
 
     async def _pump(self, out: asyncio.Queue, job: str, step: int, end: int | None, rank: int,
                     world: int) -> None:  # fmt: skip
+        """Fill `out` with batches from `step` on, failing over like the sync prefetcher."""
         try:
             while end is None or step < end:
                 deadline = time.monotonic() + self.session.policy.timeout
-                last, progressed = None, False
+                last, before = None, step
                 for servers in self.session.rounds(job, rank, deadline):
                     if isinstance(servers, float):
                         await asyncio.sleep(servers)
                         continue
                     for addr in servers:
-                        before = step
-                        request = self.session.stream_request(job, step, end, rank, world)
-                        try:
-                            async for msg in self.stub(addr).StreamBatches(request):
-                                await out.put(self.session.batch(msg, addr))
-                                step = msg.step + 1
-                            progressed = True
-                        except grpc.RpcError as e:
-                            err = from_rpc_error(e, addr)
-                            if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
-                                raise err from None
-                            last = err
-                            self.session.mark_failed(addr)
-                            progressed = step > before
-                        if progressed:
+                        step, last = await self._stream(out, addr, job, step, end, rank, world)
+                        if last is None or step > before:
                             break
-                    if progressed:
+                    if last is None or step > before:
                         break
-                if not progressed:
+                if last is not None and step == before:
                     raise self.session.give_up(job, last)
             await out.put(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # handed to the consumer, raised there
             await out.put(e)
+
+    async def _stream(self, out: asyncio.Queue, addr: str, job: str, step: int,
+                      end: int | None, rank: int, world: int):  # fmt: skip
+        """(next step, None) after a clean end, or (next step, error) after a retryable one."""
+        call = self.stub(addr).StreamBatches(
+            self.session.stream_request(job, step, end, rank, world)
+        )
+        limit = self.session.silence_limit
+        try:
+            while (msg := await asyncio.wait_for(call.read(), limit)) is not grpc.aio.EOF:
+                await out.put(self.session.batch(msg, addr, expected_step=step))
+                step = msg.step + 1
+            return step, None
+        except TimeoutError:  # silent past the limit: taken for hung (see _client.py)
+            call.cancel()
+            self.session.mark_failed(addr)
+            return step, DeadlineExceeded(f"{addr} sent nothing for {limit:.1f}s")
+        except grpc.RpcError as e:
+            err = from_rpc_error(e, addr)
+            # A stream we did not cancel was cut by the server: draining, or dying.
+            if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
+                raise err from None
+            self.session.mark_failed(addr)
+            return step, err

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import grpc
@@ -39,16 +40,26 @@ class Client:
         self.session = Session(target, policy)
         self.target, self.job, self.prefetch = target, job, prefetch
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
+        self._streams: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+        self._closed = False
         self._lock = threading.Lock()
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
         with self._lock:
+            if self._closed:
+                raise ValueError("this Client is closed")
             if addr not in self._stubs:
                 channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
                 self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
             return self._stubs[addr][1]
 
     def close(self) -> None:
+        """Stop every open `iter_batches` stream and close the channels."""
+        with self._lock:
+            self._closed = True
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
         with self._lock:
             for channel, _ in self._stubs.values():
                 channel.close()
@@ -93,7 +104,7 @@ class Client:
         name = self._job(job)
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = self._unary("GetBatch", request, name, rank, timeout)
-        return self.session.batch(msg, addr)
+        return self.session.batch(msg, addr, expected_step=step)
 
     def iter_batches(
         self, start_step: int = 0, end_step: int | None = None, rank: int = 0,
@@ -102,6 +113,8 @@ class Client:
         """Steps [start_step, end_step) in order (end None: until the caller stops)."""
         stream = _Prefetcher(self, self._job(job), start_step, end_step, rank, world_size,
                              prefetch or self.prefetch)  # fmt: skip
+        with self._lock:
+            self._streams.add(stream)
         try:
             yield from stream
         finally:
@@ -130,12 +143,18 @@ class _Prefetcher:
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._call = None
+        self._watchdog = _Watchdog(self.session.silence_limit, self._stop)
         self._thread = threading.Thread(target=self._run, name="tokenfeed-prefetch", daemon=True)
         self._thread.start()
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
-            item = self.queue.get()
+            try:
+                item = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set() and not self._thread.is_alive():
+                    return  # closed: what was queued has been delivered
+                continue
             if item is _END:
                 return
             if isinstance(item, BaseException):
@@ -200,14 +219,19 @@ class _Prefetcher:
     def _stream(self, addr: str) -> None:
         request = self.session.stream_request(self.job, self.step, self.end, self.rank,
                                               self.world)  # fmt: skip
-        self._call = self.client.stub(addr).StreamBatches(request)
+        call = self._call = self.client.stub(addr).StreamBatches(request)
+        self._watchdog.watch(call)
         try:
-            for msg in self._call:
-                if not self._put(self.session.batch(msg, addr)):
+            for msg in call:
+                self._watchdog.pause()  # a full queue is the trainer's doing, not the server's
+                batch = self.session.batch(msg, addr, expected_step=self.step)
+                if not self._put(batch):
                     return
                 self.step = msg.step + 1
+                self._watchdog.watch(call)
         finally:
-            self._call.cancel()
+            self._watchdog.pause()
+            call.cancel()
 
     def close(self) -> None:
         self._stop.set()
@@ -216,7 +240,46 @@ class _Prefetcher:
         self._thread.join(timeout=5)
 
 
+class _Watchdog:
+    """Cancels a stream whose server has been silent for `limit` seconds while we wait on it.
+
+    A hung server keeps its connection open and sends nothing; the cancel surfaces as
+    CANCELLED in the reading thread, which fails over. One checker thread per stream: arming
+    is two assignments per message."""
+
+    def __init__(self, limit: float, stop: threading.Event):
+        self.limit, self._stop = limit, stop
+        self._call = None
+        self._since: float | None = None
+        threading.Thread(target=self._run, name="tokenfeed-watchdog", daemon=True).start()
+
+    def watch(self, call) -> None:
+        self._call, self._since = call, time.monotonic()
+
+    def pause(self) -> None:
+        self._since = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self.limit / 4, 0.5)):
+            since, call = self._since, self._call
+            if since is not None and time.monotonic() - since > self.limit:
+                self._since = None
+                call.cancel()
+
+
 def _to_dict(msg) -> dict:
-    return json_format.MessageToDict(
+    """The message as a dict, with 64-bit integers as ints (JSON mapping makes them strings)."""
+    out = json_format.MessageToDict(
         msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    for field in msg.DESCRIPTOR.fields:
+        value = out.get(field.name)
+        if field.message_type is not None and value is not None:
+            items = getattr(msg, field.name)
+            if field.is_repeated:
+                out[field.name] = [_to_dict(m) for m in items]
+            else:
+                out[field.name] = _to_dict(items)
+        elif field.cpp_type in (field.CPPTYPE_INT64, field.CPPTYPE_UINT64) and value is not None:
+            out[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return out

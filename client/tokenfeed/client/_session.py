@@ -16,7 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import DeadlineExceeded, JobMismatch, Unavailable
+from tokenfeed.client.errors import (
+    DeadlineExceeded,
+    JobMismatch,
+    TokenfeedClientError,
+    Unavailable,
+)
 from tokenfeed.client.fleet import Fleet
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
@@ -32,7 +37,10 @@ CHANNEL_OPTIONS = [
 @dataclass(frozen=True)
 class Policy:
     timeout: float = 60.0  # overall, per call (or per stream without progress)
-    attempt_timeout: float | None = None  # per server; None: the rest of the overall timeout
+    # Per server, and the longest a stream may stay silent: past it the server is taken for
+    # hung and the next one is tried. None: a third of `timeout`, so a hung server leaves
+    # time for two more.
+    attempt_timeout: float | None = None
     backoff: float = 0.05
     max_backoff: float = 2.0
     suspect_seconds: float = 10.0
@@ -73,10 +81,13 @@ class Session:
             yield pause
             delay = min(delay * 2, self.policy.max_backoff)
 
+    @property
+    def silence_limit(self) -> float:
+        p = self.policy
+        return p.attempt_timeout if p.attempt_timeout is not None else p.timeout / 3
+
     def attempt_timeout(self, deadline: float) -> float:
-        remaining = max(deadline - time.monotonic(), 0.001)
-        cap = self.policy.attempt_timeout
-        return remaining if cap is None else min(cap, remaining)
+        return min(self.silence_limit, max(deadline - time.monotonic(), 0.001))
 
     def give_up(self, job: str, last: Exception | None) -> Exception:
         if last is not None:
@@ -85,7 +96,11 @@ class Session:
             return Unavailable(f"no server address for target {self.fleet.target!r}")
         return DeadlineExceeded(f"no server answered for job {job!r} in time")
 
-    def batch(self, msg: pb.Batch, server: str) -> Batch:
+    def batch(self, msg: pb.Batch, server: str, expected_step: int) -> Batch:
+        if msg.step != expected_step:
+            raise TokenfeedClientError(
+                f"server {server} sent step {msg.step} where step {expected_step} was due"
+            )
         batch = Batch(msg, self.policy.verify, server)
         self.expect_fingerprint(batch.job, batch.job_fingerprint, f"server {server}")
         return batch

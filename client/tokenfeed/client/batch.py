@@ -1,6 +1,8 @@
 """A batch as the trainer sees it, and zero-copy ways to cut it up.
 
-`Batch` maps tensor names to read-only numpy views over the received bytes (no copy).
+`Batch` maps tensor names to read-only numpy views over the received bytes: numpy copies
+nothing (protobuf's Python runtime hands out each bytes field as one copy of its own, about
+30 us per MiB).
 `microbatches` splits a rank's batch into gradient-accumulation micro-batches, also views.
 `varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`.
 """

@@ -62,12 +62,14 @@ class TokenFeedDataset(IterableDataset):
             yield {name: torch.from_numpy(np.array(arr)) for name, arr in batch.items()}
 
     def _check(self, fingerprint: str, source: str) -> None:
-        if self.job_fingerprint and fingerprint != self.job_fingerprint:
+        """Adopt the first fingerprint seen; refuse any other after it."""
+        if self.job_fingerprint and fingerprint and fingerprint != self.job_fingerprint:
             raise JobMismatch(
-                f"job {self.job!r}: {source} has job fingerprint {fingerprint}, the checkpoint "
-                f"has {self.job_fingerprint}; the job's definition changed since the checkpoint"
+                f"job {self.job!r}: {source} has job fingerprint {fingerprint}, but this run "
+                f"(or its checkpoint) read {self.job_fingerprint}; the job's definition "
+                "changed since the checkpoint"
             )
-        self.job_fingerprint = fingerprint
+        self.job_fingerprint = self.job_fingerprint or fingerprint
 
     def state_dict(self) -> dict:
         return {"next_step": self.next_step, "job": self.job,
@@ -76,8 +78,8 @@ class TokenFeedDataset(IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         if state.get("job") != self.job:
             raise ValueError(f"checkpoint is for job {state.get('job')!r}, not {self.job!r}")
-        self.job_fingerprint = ""
-        current = self.client.describe(self.job)["fingerprint"]
-        self._check(current, "the server")
-        self._check(state["job_fingerprint"], "the checkpoint")
+        # The checkpoint's fingerprint (empty if it was taken before any batch) binds the run;
+        # the server's is checked now if its index is built, and on every batch anyway.
+        self.job_fingerprint = state.get("job_fingerprint", "")
+        self._check(self.client.describe(self.job)["fingerprint"], "the server")
         self.next_step = int(state["next_step"])

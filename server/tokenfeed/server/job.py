@@ -85,6 +85,10 @@ class Job:
         self.index.cancel()
 
     async def wait_ready(self, timeout: float) -> None:
+        if not self._ready.is_set() and self.index.error:
+            # The build failed here and waits to retry: another server can serve sooner.
+            raise NotReadyError(f"job {self.name} cannot be indexed on this server right now "
+                                f"({self.index.error}); retry on another server")  # fmt: skip
         if not self._ready.is_set():
             try:
                 await asyncio.wait_for(asyncio.shield(self._ready.wait()), timeout)

@@ -8,10 +8,10 @@ Bad records are never silent: each one becomes a `BadRecord` with a reason and a
 from __future__ import annotations
 
 import gzip
-import io
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import orjson
 import pyarrow as pa
@@ -19,13 +19,14 @@ import pyarrow.parquet as pq
 import zstandard
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.storage import ObjectStore
+from tokenfeed.server.storage import ObjectInfo, ObjectStore
 
 REASONS = (
     "invalid_utf8", "malformed_json", "not_an_object", "missing_field", "not_text", "empty",
     "no_tokens",
 )  # fmt: skip
 _BLOCK = 4 * 2**20
+_TAIL_READ = 64 * 2**10
 
 
 @dataclass(frozen=True)
@@ -57,36 +58,51 @@ def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
             return b"", chunk.end
         begin = nl + 1
     if not buf.endswith(b"\n") and chunk.end < size:
-        parts, pos = [buf], chunk.end
+        # Finish the last line: small reads first, since lines are usually short.
+        parts, pos, step = [buf], chunk.end, _TAIL_READ
         while pos < size:
-            more = store.read_range(obj, pos, pos + _BLOCK)
+            more = store.read_range(obj, pos, pos + step)
             if not more:
                 break
             k = more.find(b"\n")
             parts.append(more if k < 0 else more[: k + 1])
             if k >= 0:
                 break
-            pos += len(more)
+            pos, step = pos + len(more), min(step * 4, _BLOCK)
         buf = b"".join(parts)
     return buf[begin:], lo + begin
 
 
+@lru_cache(maxsize=65536)
+def _newlines_in_block(store: ObjectStore, obj: ObjectInfo, k: int) -> int:
+    return store.read_range(obj, k * _BLOCK, (k + 1) * _BLOCK).count(b"\n")
+
+
 def _count_lines_before(store: ObjectStore, chunk: Chunk, offset: int) -> int:
-    count, pos = 0, 0
-    while pos < offset:
-        block = store.read_range(chunk.source, pos, min(pos + _BLOCK, offset))
-        count += block.count(b"\n")
-        pos += len(block)
-    return count
+    """Newlines in [0, offset). Whole aligned blocks are counted once per process, so locating
+    bad records in many chunks of one file reads the file about once, not once per chunk."""
+    full = offset // _BLOCK
+    count = sum(_newlines_in_block(store, chunk.source, k) for k in range(full))
+    tail = store.read_range(chunk.source, full * _BLOCK, offset)
+    return count + tail.count(b"\n")
+
+
+def _unzstd(raw: bytes) -> bytes:
+    """Every frame of a .zst object; a truncated last frame is an error, not a short read."""
+    out, rest = [], raw
+    while rest:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out.append(d.decompress(rest))
+        if not d.eof:
+            raise zstandard.ZstdError("truncated: the last frame ends early")
+        rest = d.unused_data
+    return b"".join(out)
 
 
 def _decompressed(store: ObjectStore, chunk: Chunk) -> bytes:
     raw = store.read_range(chunk.source, 0, chunk.source.size)
     try:
-        if chunk.kind == "jsonl.gz":
-            return gzip.decompress(raw)
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
-            return reader.read()
+        return gzip.decompress(raw) if chunk.kind == "jsonl.gz" else _unzstd(raw)
     except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
         raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
 

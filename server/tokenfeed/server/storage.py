@@ -88,8 +88,11 @@ class LocalStore:
         return f
 
 
+_LOCAL = LocalStore()  # stateless: one instance, so per-store caches key on it
+
+
 def store_for(uri: str) -> ObjectStore:
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
     if scheme == "file":
-        return LocalStore()
+        return _LOCAL
     raise SourceError(f"unsupported URI scheme {scheme!r} in {uri!r}; supported: file://, paths")
