@@ -127,7 +127,7 @@ class Job:
         if not 0 <= rank < world_size:
             raise RequestError(f"rank must be in [0, {world_size}), got {rank}")
 
-    def _locate(self, step: int, rank: int, world_size: int):
+    def plan(self, step: int, rank: int, world_size: int):
         """(epochs, [(epoch, slots, chunk ids, rows in chunk)]) for one rank's rows."""
         self.check_request(step, rank, world_size)
         if self.state != READY:
@@ -145,10 +145,9 @@ class Job:
             parts.append((epoch, slots, chunk_ids, chunk_rows))
         return epochs, parts
 
-    async def prepare(self, step: int, rank: int, world_size: int, executor: Executor) -> None:
-        """Open (verify, or rebuild) in a worker thread the chunks `batch` will need."""
-        _, parts = self._locate(step, rank, world_size)
-        needed = {c for _, _, chunk_ids, _ in parts for c in chunk_ids.tolist()}
+    async def open_chunks(self, plan, executor: Executor) -> None:
+        """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
+        needed = {c for _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
         missing = [c for c in needed if not self._open.contains(c)]
         if missing:
             loop = asyncio.get_running_loop()
@@ -157,7 +156,10 @@ class Job:
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, arrays of shape [rows, seq_len]) of one rank's slice."""
-        epochs, parts = self._locate(step, rank, world_size)
+        return self.assemble(self.plan(step, rank, world_size))
+
+    def assemble(self, plan) -> tuple[int, dict[str, np.ndarray]]:
+        epochs, parts = plan
         shape = (len(epochs), self.spec.seq_len)
         out = {name: np.empty(shape, dtype=np.int32) for name in packing.TENSOR_NAMES}
         for epoch, slots, chunk_ids, chunk_rows in parts:

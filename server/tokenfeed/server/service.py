@@ -82,8 +82,9 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         return job
 
     async def _batch(self, job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
-        await job.prepare(step, rank, world_size, self.io)
-        epoch, arrays = job.batch(step, rank, world_size)
+        plan = job.plan(step, rank, world_size)
+        await job.open_chunks(plan, self.io)  # disk work, off the event loop
+        epoch, arrays = job.assemble(plan)
         tensors, fingerprint = encode_tensors(arrays)
         return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
                         tensors=tensors, fingerprint=fingerprint, epoch=epoch,
