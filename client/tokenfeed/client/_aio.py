@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 from tokenfeed.client._client import _to_dict
-from tokenfeed.client._session import CHANNEL_OPTIONS, Policy, Session
+from tokenfeed.client._session import CHANNEL_OPTIONS, ClientBase
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded, TokenfeedClientError, from_rpc_error
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -21,19 +21,13 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 _END = object()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """`async with AsyncClient(target, job=...) as feed: batch = await feed.get_batch(step)`."""
 
-    def __init__(
-        self, target: str, job: str | None = None, *, timeout: float = 60.0,
-        attempt_timeout: float | None = None, prefetch: int = 4, verify: bool = True,
-        backoff: float = 0.05, max_backoff: float = 2.0, suspect_seconds: float = 10.0,
-    ):  # fmt: skip
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)
-        self.session = Session(target, policy)
-        self.target, self.job, self.prefetch = target, job, prefetch
+    def __init__(self, target: str, job: str | None = None, **options):
+        """Options: timeout, attempt_timeout, prefetch, verify, backoff, max_backoff,
+        suspect_seconds (docs/client.md)."""
+        super().__init__(target, job, **options)
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.TokenFeedStub]] = {}
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
@@ -52,12 +46,6 @@ class AsyncClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-    def _job(self, job: str | None) -> str:
-        name = job or self.job
-        if not name:
-            raise ValueError("no job: pass job= to AsyncClient(...) or to the call")
-        return name
 
     async def _unary(self, method: str, request, job: str, rank: int, timeout: float | None):
         deadline = time.monotonic() + (timeout or self.session.policy.timeout)

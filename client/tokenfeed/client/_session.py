@@ -119,3 +119,24 @@ class Session:
     def stream_request(self, job: str, step: int, end: int | None, rank: int, world: int):
         return pb.StreamBatchesRequest(job=job, start_step=step, end_step=end or 0, rank=rank,
                                        world_size=world)  # fmt: skip
+
+
+class ClientBase:
+    """What the sync and asyncio clients share: their options and their job."""
+
+    def __init__(
+        self, target: str, job: str | None = None, *, timeout: float = 60.0,
+        attempt_timeout: float | None = None, prefetch: int = 4, verify: bool = True,
+        backoff: float = 0.05, max_backoff: float = 2.0, suspect_seconds: float = 10.0,
+    ):  # fmt: skip
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)
+        self.session = Session(target, policy)
+        self.target, self.job, self.prefetch = target, job, prefetch
+
+    def _job(self, job: str | None) -> str:
+        name = job or self.job
+        if not name:
+            raise ValueError(f"no job: pass job= to {type(self).__name__}(...) or to the call")
+        return name
