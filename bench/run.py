@@ -1,5 +1,5 @@
-"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization overhead, and the
-client's own costs in a fleet (decoding, waiting on data, failover).
+"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization overhead, the
+client's own costs in a fleet (decoding, waiting on data, failover), and packing.
 
     python -m bench.run [--quick]      (from the repository root; `make bench`, `make bench-quick`)
 
@@ -17,8 +17,9 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import client, serving, tokenization
+from bench import client, mixture, packing, serving, tokenization
 from bench.client import ClientResult
+from bench.packing import PackingResult
 from bench.serving import ServingResult
 from bench.stats import median, paired_ratio, percentile
 from bench.table import number, render
@@ -32,11 +33,13 @@ QUICK = (
     serving.ServingSizes(rounds=3, unary_calls=100, stream_steps=105),
     tokenization.TokenizationSizes(copies=1, repeats=3),
     client.ClientSizes(decodes=200, handoffs=2000, trainer_steps=250, rounds=2, failovers=3),
+    packing.PackingSizes(repeats=3, calls=100),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
     tokenization.TokenizationSizes(copies=4, repeats=7),
     client.ClientSizes(decodes=1000, handoffs=10000, trainer_steps=500, rounds=5, failovers=7),
+    packing.PackingSizes(repeats=7, calls=500),
 )
 
 
@@ -158,11 +161,51 @@ def client_table(r: ClientResult) -> str:
     return f"{costs}\n{notes}\n\n{waits}\n\n{failover}\n{note}"
 
 
+def packing_table(r: PackingResult) -> str:
+    rows = []
+    for c in r.cases:
+        fit, cat = median(c.bestfit_call_seconds), median(c.concat_call_seconds)
+        # Same work per call on both sides, so the speed ratio is the inverse ratio of times.
+        speed = paired_ratio(c.concat_call_seconds, c.bestfit_call_seconds)
+        per_call = packing.ROWS_PER_CALL
+        rows += [
+            [str(c.seq_len), "best_fit", number(c.bestfit_rows), f"{c.padding:.4%}",
+             number(packing.docs_per_second(r, c.layout_seconds)), number(per_call / fit),
+             number(per_call * c.seq_len / fit), number(speed, 2)],
+            [str(c.seq_len), "concat", number(c.concat_rows), f"{c.dropped:.4%}",
+             number(packing.docs_per_second(r, c.stream_seconds)), number(per_call / cat),
+             number(per_call * c.seq_len / cat), ""],
+        ]  # fmt: skip
+    low, high = packing.CLIP
+    title = (
+        f"4. Packing, in process: one chunk of {r.docs:,} docs, {r.tokens / 1e6:.1f}M tokens; "
+        f"lengths log-normal, median {packing.MEDIAN_TOKENS}, sigma {packing.SIGMA}, clipped to "
+        f"[{low}, {high}]; add_bos {packing.ADD_BOS}\n"
+        f"   layout: median of {len(r.cases[0].layout_seconds)}; assembly: {packing.ROWS_PER_CALL}"
+        f" random rows per call, {r.calls} calls per round, median of "
+        f"{len(r.cases[0].bestfit_call_seconds)} alternating rounds"
+    )
+    header = ["seq_len", "packing", "rows", "waste", "layout docs/s", "rows/s", "tokens/s",
+              "best_fit/concat"]  # fmt: skip
+    counts = "; ".join(
+        f"seq_len {c.seq_len}: {number(packing.docs_per_second(r, c.count_seconds))} docs/s"
+        for c in r.cases
+    )
+    notes = (
+        "waste: best_fit, padding input slots / input slots; concat, tokens of the chunk's "
+        "stream in no row (its tail) / stream tokens\n"
+        "layout: bestfit_layout for best_fit, concat_stream for concat; "
+        f"bestfit_rows alone (the index's row count): {counts}\n"
+        "best_fit/concat: rows/s ratio, median of the rounds' ratios"
+    )
+    return f"{render(title, header, rows)}\n{notes}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     args = parser.parse_args()
-    serving_sizes, tokenize_sizes, client_sizes = QUICK if args.quick else FULL
+    serving_sizes, tokenize_sizes, client_sizes, packing_sizes = QUICK if args.quick else FULL
     threads = cores()
     OUT.mkdir(parents=True, exist_ok=True)
 
@@ -173,7 +216,9 @@ def main() -> None:
     served = serving.run(serving_sizes, OUT, threads)
     print(serving_table(served) + "\n", flush=True)
     print(tokenization_table(tokenization.run(tokenize_sizes, OUT, threads)) + "\n", flush=True)
-    print(client_table(client.run(client_sizes, OUT, threads)) + "\n")
+    print(client_table(client.run(client_sizes, OUT, threads)) + "\n", flush=True)
+    print(packing_table(packing.run(packing_sizes)) + "\n")
+    print(mixture.mixture_table(50 if args.quick else 200) + "\n")
     print(f"total {time.perf_counter() - start:.0f}s")
 
 

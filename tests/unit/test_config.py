@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import yaml
 from tokenfeed.server.config import (
     Config,
+    DatasetSpec,
     JobSpec,
+    PhaseSpec,
     ServerSpec,
     SourceSpec,
     TokenizerSpec,
@@ -75,18 +78,18 @@ text_field = "content"
 
 
 def expected(base: Path, origin: str) -> Config:
+    sources = (
+        SourceSpec(str(base / "data/*.jsonl")),
+        SourceSpec("s3://bucket/corpus/*.parquet", "parquet", "content"),
+    )
     job = JobSpec(
         name="demo",
-        sources=(
-            SourceSpec(str(base / "data/*.jsonl")),
-            SourceSpec("s3://bucket/corpus/*.parquet", "parquet", "content"),
-        ),
+        datasets=(DatasetSpec("main", sources, 16 * 2**20),),
         tokenizer=TokenizerSpec(str(base / "tok/tokenizer.json"), eos_id=2, bos_id=1, add_bos=True),
         seq_len=2048,
-        global_batch_size=64,
+        phases=(PhaseSpec(0, 64, (Fraction(1),)),),
         seed=1234,
         window_chunks=4,
-        chunk_bytes=16 * 2**20,
         bad_records="strict",
     )
     server = ServerSpec("0.0.0.0:6000", str(base / "cache"), 4, "json", 5.0)
@@ -121,10 +124,11 @@ def minimal() -> dict:
 def test_defaults_and_shorthands():
     cfg = from_dict(minimal(), base="/base")
     job = cfg.job("demo")
-    assert job.sources == (SourceSpec("/base/data/*.jsonl", "auto", "text"),)
+    (dataset,) = job.datasets
+    assert dataset.sources == (SourceSpec("/base/data/*.jsonl", "auto", "text"),)
     assert job.tokenizer == TokenizerSpec("/base/tok.json")
-    assert (job.seed, job.packing, job.dataset, job.window_chunks) == (0, "concat", "main", 8)
-    assert (job.chunk_bytes, job.bad_records) == (64 * 2**20, "skip")
+    assert (job.seed, job.packing, dataset.name, job.window_chunks) == (0, "concat", "main", 8)
+    assert (dataset.chunk_bytes, job.bad_records) == (64 * 2**20, "skip")
     assert cfg.server == ServerSpec(cache_dir="/base/.tokenfeed-cache")
 
 
@@ -133,13 +137,13 @@ def test_job_text_field_is_the_default_for_its_sources():
     raw["jobs"]["demo"]["text_field"] = "body"
     raw["jobs"]["demo"]["sources"] = ["a.jsonl", {"path": "b.jsonl", "text_field": "content"}]
     job = from_dict(raw).job("demo")
-    assert [s.text_field for s in job.sources] == ["body", "content"]
+    assert [s.text_field for s in job.datasets[0].sources] == ["body", "content"]
 
 
 def test_single_source_string_is_a_list_of_one():
     raw = minimal()
     raw["jobs"]["demo"]["sources"] = "/abs/*.jsonl"
-    assert from_dict(raw).job("demo").sources == (SourceSpec("/abs/*.jsonl"),)
+    assert from_dict(raw).job("demo").datasets[0].sources == (SourceSpec("/abs/*.jsonl"),)
 
 
 def test_unknown_job_name_lists_the_jobs():
@@ -187,7 +191,7 @@ BAD = {
     "unknown job key": (job_set("seq_length", 8), ["jobs.demo.seq_length", "unknown key"]),
     "unknown top key": (nested_set("jobz", {}), ["jobz", "unknown key"]),
     "unknown server key": (nested_set("server", "port", 1), ["server.port", "unknown key"]),
-    "bad packing": (job_set("packing", "best_fit"), ["jobs.demo.packing", "'best_fit'"]),
+    "bad packing": (job_set("packing", "first_fit"), ["jobs.demo.packing", "'first_fit'"]),
     "bad policy": (job_set("bad_records", "ignore"), ["jobs.demo.bad_records", "'ignore'"]),
     "bad size": (job_set("chunk_bytes", "12 parsecs"), ["jobs.demo.chunk_bytes", "'12 parsecs'"]),
     "zero size": (job_set("chunk_bytes", "0MiB"), ["jobs.demo.chunk_bytes", "'0MiB'"]),

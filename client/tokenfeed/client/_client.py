@@ -113,6 +113,14 @@ class Client(ClientBase):
         _, info = self._unary("DescribeJob", pb.DescribeJobRequest(job=name), name, 0, None)
         return _to_dict(info)
 
+    def explain(self, step: int, rank: int = 0, world_size: int = 1, *,
+                job: str | None = None) -> dict:  # fmt: skip
+        """Where each row of the batch comes from: dataset, source, record, token ranges."""
+        name = self._job(job)
+        request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
+        _, explanation = self._unary("Explain", request, name, rank, None)
+        return _to_dict(explanation)
+
     def list_jobs(self) -> list[dict]:
         _, resp = self._unary("ListJobs", pb.ListJobsRequest(), "", 0, None)
         return [_to_dict(j) for j in resp.jobs]

@@ -106,7 +106,7 @@ class BadRecordCount(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("name", "fingerprint", "state", "error", "seq_len", "global_batch_size", "seed", "packing", "num_sources", "num_chunks", "chunks_indexed", "num_documents", "num_tokens", "rows_per_epoch", "steps_per_epoch", "bad_records", "tensor_names")
+    __slots__ = ("name", "fingerprint", "state", "error", "seq_len", "global_batch_size", "seed", "packing", "num_sources", "num_chunks", "chunks_indexed", "num_documents", "num_tokens", "rows_per_epoch", "steps_per_epoch", "bad_records", "tensor_names", "datasets", "schedule")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,8 @@ class JobInfo(_message.Message):
     STEPS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BAD_RECORDS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_NAMES_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     state: JobState
@@ -141,7 +143,41 @@ class JobInfo(_message.Message):
     steps_per_epoch: int
     bad_records: _containers.RepeatedCompositeFieldContainer[BadRecordCount]
     tensor_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., error: _Optional[str] = ..., seq_len: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., packing: _Optional[str] = ..., num_sources: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunks_indexed: _Optional[int] = ..., num_documents: _Optional[int] = ..., num_tokens: _Optional[int] = ..., rows_per_epoch: _Optional[int] = ..., steps_per_epoch: _Optional[int] = ..., bad_records: _Optional[_Iterable[_Union[BadRecordCount, _Mapping]]] = ..., tensor_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
+    schedule: _containers.RepeatedCompositeFieldContainer[Phase]
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., error: _Optional[str] = ..., seq_len: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., packing: _Optional[str] = ..., num_sources: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunks_indexed: _Optional[int] = ..., num_documents: _Optional[int] = ..., num_tokens: _Optional[int] = ..., rows_per_epoch: _Optional[int] = ..., steps_per_epoch: _Optional[int] = ..., bad_records: _Optional[_Iterable[_Union[BadRecordCount, _Mapping]]] = ..., tensor_names: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., schedule: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ...) -> None: ...
+
+class DatasetInfo(_message.Message):
+    __slots__ = ("name", "weight", "fingerprint", "num_sources", "num_chunks", "chunks_indexed", "num_documents", "num_tokens", "rows_per_epoch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NUM_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_INDEXED_FIELD_NUMBER: _ClassVar[int]
+    NUM_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: str
+    fingerprint: str
+    num_sources: int
+    num_chunks: int
+    chunks_indexed: int
+    num_documents: int
+    num_tokens: int
+    rows_per_epoch: int
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_sources: _Optional[int] = ..., num_chunks: _Optional[int] = ..., chunks_indexed: _Optional[int] = ..., num_documents: _Optional[int] = ..., num_tokens: _Optional[int] = ..., rows_per_epoch: _Optional[int] = ...) -> None: ...
+
+class Phase(_message.Message):
+    __slots__ = ("start_step", "global_batch_size", "weights")
+    START_STEP_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    start_step: int
+    global_batch_size: int
+    weights: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, start_step: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., weights: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
@@ -152,3 +188,47 @@ class ListJobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class Piece(_message.Message):
+    __slots__ = ("source", "record", "token_start", "token_end", "row_start", "row_end")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_START_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_END_FIELD_NUMBER: _ClassVar[int]
+    ROW_START_FIELD_NUMBER: _ClassVar[int]
+    ROW_END_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    record: str
+    token_start: int
+    token_end: int
+    row_start: int
+    row_end: int
+    def __init__(self, source: _Optional[str] = ..., record: _Optional[str] = ..., token_start: _Optional[int] = ..., token_end: _Optional[int] = ..., row_start: _Optional[int] = ..., row_end: _Optional[int] = ...) -> None: ...
+
+class RowExplanation(_message.Message):
+    __slots__ = ("row", "dataset", "epoch", "pieces")
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    row: int
+    dataset: str
+    epoch: int
+    pieces: _containers.RepeatedCompositeFieldContainer[Piece]
+    def __init__(self, row: _Optional[int] = ..., dataset: _Optional[str] = ..., epoch: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[Piece, _Mapping]]] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("job", "step", "rank", "world_size", "rows", "fingerprint")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    step: int
+    rank: int
+    world_size: int
+    rows: _containers.RepeatedCompositeFieldContainer[RowExplanation]
+    fingerprint: str
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RowExplanation, _Mapping]]] = ..., fingerprint: _Optional[str] = ...) -> None: ...

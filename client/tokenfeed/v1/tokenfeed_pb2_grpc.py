@@ -54,6 +54,11 @@ class TokenFeedStub:
                 request_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/tokenfeed.v1.TokenFeed/Explain',
+                request_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.FromString,
+                _registered_method=True)
 
 
 class TokenFeedServicer:
@@ -87,6 +92,13 @@ class TokenFeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Where every row of one rank's batch comes from: dataset, source, document, token range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenFeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +121,11 @@ def add_TokenFeedServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsRequest.FromString,
                     response_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.FromString,
+                    response_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +236,33 @@ class TokenFeed:
             '/tokenfeed.v1.TokenFeed/ListJobs',
             tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsRequest.SerializeToString,
             tokenfeed_dot_v1_dot_tokenfeed__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenfeed.v1.TokenFeed/Explain',
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.SerializeToString,
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.FromString,
             options,
             channel_credentials,
             insecure,

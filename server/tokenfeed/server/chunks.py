@@ -19,7 +19,7 @@ from tokenfeed.server.errors import SourceError
 from tokenfeed.server.storage import ObjectInfo, ObjectStore, store_for
 
 # Bump when the bytes a chunk produces could change for the same inputs.
-CHUNK_FORMAT_VERSION = 1
+CHUNK_FORMAT_VERSION = 2
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 

@@ -1,4 +1,4 @@
-"""`tokenfeed` command line: serve, inspect, describe."""
+"""`tokenfeed` command line: serve, inspect, explain, describe."""
 
 from __future__ import annotations
 
@@ -81,6 +81,26 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_explain(args) -> int:
+    from tokenfeed.client import Client
+
+    with Client(args.target, job=args.job) as client:
+        info = client.explain(args.step, rank=args.rank, world_size=args.world_size)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"job {info['job']} step {info['step']} rank {info['rank']}/{info['world_size']} "
+          f"fingerprint {info['fingerprint']}")  # fmt: skip
+    for row in info["rows"]:
+        print(f"row {row['row']}: dataset {row['dataset']}, epoch {row['epoch']}")
+        for p in row["pieces"]:
+            print(
+                f"  inputs [{p['row_start']}, {p['row_end']}) <- tokens "
+                f"[{p['token_start']}, {p['token_end']}) of {p['source']} {p['record']}"
+            )
+    return 0
+
+
 def cmd_describe(args) -> int:
     from tokenfeed.client import Client
 
@@ -114,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", help="fetch from this server instead of computing locally")
     p.add_argument("--cache-dir", help="override server.cache_dir (local mode)")
     p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("explain", help="where each row of a batch comes from")
+    p.add_argument("--target", required=True, help="host:port of a tokenfeed server")
+    p.add_argument("--job", required=True)
+    p.add_argument("--step", type=int, default=0)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the raw answer as JSON")
+    p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("describe", help="print a server's jobs as JSON")
     p.add_argument("--target", required=True, help="host:port of a tokenfeed server")

@@ -7,25 +7,20 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import yaml
+from tokenfeed.server.configparse import Section, parse_size, resolve, to_fraction
 from tokenfeed.server.errors import ConfigError
 
-PACKINGS = ("concat",)
+PACKINGS = ("concat", "best_fit")
 BAD_RECORD_POLICIES = ("skip", "strict")
 FORMATS = ("auto", "jsonl", "parquet")
-
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
-_SIZE_UNITS = {
-    None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,19 +45,42 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class DatasetSpec:
+    # Keys the dataset's sample order: renaming a job keeps its batches.
     name: str
     sources: tuple[SourceSpec, ...]
+    chunk_bytes: int = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """From `start_step` on: this global batch size and these weights (one per dataset)."""
+
+    start_step: int
+    global_batch_size: int
+    weights: tuple[Fraction, ...]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    datasets: tuple[DatasetSpec, ...]
     tokenizer: TokenizerSpec
     seq_len: int
-    global_batch_size: int
+    # phases[0] starts at step 0 and carries the job's global_batch_size and weights
+    phases: tuple[PhaseSpec, ...]
     seed: int = 0
     packing: str = "concat"
-    # Name under which the sample order is keyed: renaming a job keeps its batches.
-    dataset: str = "main"
     window_chunks: int = 8
-    chunk_bytes: int = 64 * 2**20
     bad_records: str = "skip"
+
+    @property
+    def global_batch_size(self) -> int:
+        """The batch size of step 0."""
+        return self.phases[0].global_batch_size
+
+    def dataset_names(self) -> list[str]:
+        return [d.name for d in self.datasets]
 
 
 @dataclass(frozen=True)
@@ -92,109 +110,12 @@ class Config:
         return [j.name for j in self.jobs]
 
 
-def parse_size(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a size such as 64MiB, got {value!r}")
-    if isinstance(value, int):
-        size = value
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    else:
-        raise ConfigError(f"{where}: expected a size such as 64MiB, got {value!r}")
-    if size < 1:
-        raise ConfigError(f"{where}: expected a size >= 1 byte, got {value!r}")
-    return size
-
-
-class _Section:
-    """Reads one mapping of the raw config, tracking the key path for error messages."""
-
-    def __init__(self, raw: Any, where: str):
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
-        self.raw = raw
-        self.where = where
-        self.used: set[str] = set()
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
-        return self.raw.get(key, default)
-
-    def require(self, key: str) -> Any:
-        self.used.add(key)
-        if key not in self.raw or self.raw[key] is None:
-            raise ConfigError(f"{self.path(key)}: required")
-        return self.raw[key]
-
-    def int(self, key: str, default: int | None = None, minimum: int | None = None) -> int:
-        value = self.require(key) if default is None else self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{self.path(key)}: expected an integer, got {value!r}")
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{self.path(key)}: expected an integer >= {minimum}, got {value!r}")
-        return value
-
-    def str(self, key: str, default: str | None = None, choices: tuple[str, ...] = ()) -> str:
-        value = self.require(key) if default is None else self.get(key, default)
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{self.path(key)}: expected a non-empty string, got {value!r}")
-        if choices and value not in choices:
-            raise ConfigError(f"{self.path(key)}: expected one of {list(choices)}, got {value!r}")
-        return value
-
-    def opt_int(self, key: str) -> int | None:
-        value = self.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{self.path(key)}: expected a token id >= 0, got {value!r}")
-        return value
-
-    def opt_str(self, key: str) -> str | None:
-        value = self.get(key)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError(f"{self.path(key)}: expected a non-empty string, got {value!r}")
-        return value
-
-    def bool(self, key: str, default: bool) -> bool:
-        value = self.get(key, default)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{self.path(key)}: expected true or false, got {value!r}")
-        return value
-
-    def number(self, key: str, default: float, minimum: float = 0.0) -> float:
-        value = self.get(key, default)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (minimum <= value < math.inf)
-        ):
-            raise ConfigError(f"{self.path(key)}: expected a number >= {minimum}, got {value!r}")
-        return float(value)
-
-    def done(self) -> None:
-        unknown = sorted(set(self.raw) - self.used)
-        if unknown:
-            known = ", ".join(sorted(self.used))
-            raise ConfigError(f"{self.path(unknown[0])}: unknown key (known keys: {known})")
-
-
-def _resolve(path: str, base: Path) -> str:
-    if "://" in path:
-        return path
-    p = Path(path).expanduser()
-    return str(p if p.is_absolute() else (base / p))
-
-
 def _source(raw: Any, where: str, base: Path, default_field: str) -> SourceSpec:
     if isinstance(raw, str):
         raw = {"path": raw}
-    s = _Section(raw, where)
+    s = Section(raw, where)
     spec = SourceSpec(
-        pattern=_resolve(s.str("path"), base),
+        pattern=resolve(s.str("path"), base),
         format=s.str("format", "auto", FORMATS),
         text_field=s.str("text_field", default_field),
     )
@@ -205,9 +126,9 @@ def _source(raw: Any, where: str, base: Path, default_field: str) -> SourceSpec:
 def _tokenizer(raw: Any, where: str, base: Path) -> TokenizerSpec:
     if isinstance(raw, str):
         raw = {"path": raw}
-    s = _Section(raw, where)
+    s = Section(raw, where)
     spec = TokenizerSpec(
-        path=_resolve(s.str("path"), base),
+        path=resolve(s.str("path"), base),
         eos_id=s.opt_int("eos_id"),
         eos_token=s.opt_str("eos_token"),
         bos_id=s.opt_int("bos_id"),
@@ -218,41 +139,116 @@ def _tokenizer(raw: Any, where: str, base: Path) -> TokenizerSpec:
     return spec
 
 
+def _sources(s: Section, base: Path, text_field: str) -> tuple[SourceSpec, ...]:
+    raw = s.require("sources")
+    if isinstance(raw, (str, dict)):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{s.path('sources')}: expected a non-empty list, got {raw!r}")
+    return tuple(_source(r, f"{s.path('sources')}[{i}]", base, text_field)
+                 for i, r in enumerate(raw))  # fmt: skip
+
+
+def _datasets(s: Section, base: Path, text_field: str, chunk_bytes: int):
+    """(datasets, their weights): a `datasets:` mapping, or the job's own `sources:`."""
+    if "datasets" not in s.raw:
+        name = s.str("dataset", "main")
+        return (DatasetSpec(name, _sources(s, base, text_field), chunk_bytes),), (Fraction(1),)
+    raw = s.require("datasets")
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{s.path('datasets')}: expected a mapping of name to dataset, "
+                          f"got {raw!r}")  # fmt: skip
+    if "sources" in s.raw:
+        raise ConfigError(f"{s.path('sources')}: give sources inside each dataset of "
+                          f"{s.path('datasets')}, not beside them")  # fmt: skip
+    datasets, weights = [], []
+    for name, body in raw.items():
+        d = Section(body, f"{s.path('datasets')}.{name}")
+        field = d.str("text_field", text_field)
+        size = parse_size(d.get("chunk_bytes", chunk_bytes), d.path("chunk_bytes"))
+        datasets.append(DatasetSpec(str(name), _sources(d, base, field), size))
+        weights.append(d.fraction("weight", 1))
+        d.done()
+    return tuple(datasets), tuple(weights)
+
+
+def _weights(raw: Any, where: str, names: list[str], previous: tuple[Fraction, ...]):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of dataset name to weight, got {raw!r}")
+    unknown = sorted(set(map(str, raw)) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown dataset (datasets: {names})")
+    given = {str(k): to_fraction(v, f"{where}.{k}") for k, v in raw.items()}
+    return tuple(given.get(n, previous[i]) for i, n in enumerate(names))
+
+
+def _check_weights(weights: tuple[Fraction, ...], where: str) -> None:
+    if sum(weights) <= 0:
+        raise ConfigError(f"{where}: weights must have a positive sum, got "
+                          f"{[str(w) for w in weights]}")  # fmt: skip
+
+
+def _phases(s: Section, first: PhaseSpec, names: list[str], multiple: int):
+    phases = [first]
+    raw = s.get("schedule", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{s.path('schedule')}: expected a list of phases, got {raw!r}")
+    for i, body in enumerate(raw):
+        p = Section(body, f"{s.path('schedule')}[{i}]")
+        prev = phases[-1]
+        start = p.int("start_step", minimum=1)
+        if start <= prev.start_step:
+            raise ConfigError(f"{p.path('start_step')}: phases must start in increasing order; "
+                              f"{start} is not after {prev.start_step}")  # fmt: skip
+        batch = p.int("global_batch_size", prev.global_batch_size, minimum=1)
+        weights = prev.weights
+        if "weights" in p.raw:
+            weights = _weights(p.get("weights"), p.path("weights"), names, prev.weights)
+        _check_weights(weights, p.path("weights"))
+        p.done()
+        phases.append(PhaseSpec(start, batch, weights))
+    for i, phase in enumerate(phases):
+        if phase.global_batch_size % multiple:
+            where = s.path("global_batch_size") if i == 0 else f"{s.path('schedule')}[{i - 1}]"
+            raise ConfigError(f"{where}: global_batch_size {phase.global_batch_size} is not a "
+                              f"multiple of batch_multiple_of {multiple}")  # fmt: skip
+    return tuple(phases)
+
+
 def _job(name: str, raw: Any, where: str, base: Path) -> JobSpec:
-    s = _Section(raw, where)
+    s = Section(raw, where)
     text_field = s.str("text_field", "text")
-    raw_sources = s.require("sources")
-    if isinstance(raw_sources, (str, dict)):
-        raw_sources = [raw_sources]
-    if not isinstance(raw_sources, list) or not raw_sources:
-        raise ConfigError(f"{s.path('sources')}: expected a non-empty list, got {raw_sources!r}")
-    sources = tuple(
-        _source(r, f"{s.path('sources')}[{i}]", base, text_field) for i, r in enumerate(raw_sources)
-    )
+    chunk_bytes = parse_size(s.get("chunk_bytes", 64 * 2**20), s.path("chunk_bytes"))
+    datasets, weights = _datasets(s, base, text_field, chunk_bytes)
+    names = [d.name for d in datasets]
+    if "weights" in s.raw:
+        weights = _weights(s.get("weights"), s.path("weights"), names, weights)
+    _check_weights(weights, s.path("weights") if "weights" in s.raw else s.path("datasets"))
+    multiple = s.int("batch_multiple_of", 1, minimum=1)
+    first = PhaseSpec(0, s.int("global_batch_size", minimum=1), weights)
     spec = JobSpec(
         name=name,
-        sources=sources,
+        datasets=datasets,
         tokenizer=_tokenizer(s.require("tokenizer"), s.path("tokenizer"), base),
         seq_len=s.int("seq_len", minimum=1),
-        global_batch_size=s.int("global_batch_size", minimum=1),
+        phases=_phases(s, first, names, multiple),
         seed=s.int("seed", 0, minimum=0),
         packing=s.str("packing", "concat", PACKINGS),
-        dataset=s.str("dataset", "main"),
         window_chunks=s.int("window_chunks", 8, minimum=1),
-        chunk_bytes=parse_size(s.get("chunk_bytes", 64 * 2**20), s.path("chunk_bytes")),
         bad_records=s.str("bad_records", "skip", BAD_RECORD_POLICIES),
     )
     if spec.seed >= 2**64:
         raise ConfigError(f"{s.path('seed')}: expected an integer < 2**64, got {spec.seed}")
+    s.get("dataset")  # consumed by _datasets for the single-dataset form
     s.done()
     return spec
 
 
 def _server(raw: Any, base: Path) -> ServerSpec:
-    s = _Section(raw if raw is not None else {}, "server")
+    s = Section(raw if raw is not None else {}, "server")
     spec = ServerSpec(
         listen=s.str("listen", ServerSpec.listen),
-        cache_dir=_resolve(s.str("cache_dir", ServerSpec.cache_dir), base),
+        cache_dir=resolve(s.str("cache_dir", ServerSpec.cache_dir), base),
         tokenize_threads=s.int("tokenize_threads", ServerSpec.tokenize_threads, minimum=1),
         log_format=s.str("log_format", "text", ("text", "json")),
         max_wait_seconds=s.number("max_wait_seconds", ServerSpec.max_wait_seconds),
@@ -265,7 +261,7 @@ def _server(raw: Any, base: Path) -> ServerSpec:
 def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> Config:
     base = Path(base)
     try:
-        top = _Section(raw, "")
+        top = Section(raw, "")
         server = _server(top.get("server"), base)
         raw_jobs = top.require("jobs")
         if not isinstance(raw_jobs, dict) or not raw_jobs:

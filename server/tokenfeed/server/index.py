@@ -1,7 +1,7 @@
-"""A job's token index: list the sources, plan the chunks, make sure each is tokenized.
+"""A dataset's token index: list its sources, plan its chunks, make sure each is tokenized.
 
-`JobIndex.build` runs listing and tokenization in worker threads, several chunks at once, in
-the epoch-0 chunk order. Outcomes:
+A job has one index per dataset (one for a plain job). `DatasetIndex.build` runs listing and
+tokenization in worker threads, several chunks at once, in the epoch-0 chunk order. Outcomes:
 - READY: every chunk is stored; documents and tokens per chunk are known (`num_docs`,
   `num_tokens`), and the job fingerprint covers the content of every chunk.
 - FAILED: the data itself refuses the job (a bad record under `strict`, a source that matches
@@ -21,9 +21,9 @@ from collections import Counter
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import order, packing
-from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
-from tokenfeed.server.config import JobSpec, SourceSpec
+from tokenfeed.server import bestfit, order, packing
+from tokenfeed.server.chunks import Chunk, plan_chunks
+from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
 from tokenfeed.server.errors import BadRecordError, SourceError, TokenfeedError
 from tokenfeed.server.readers import BadRecord, read_documents
 from tokenfeed.server.storage import ObjectInfo, store_for
@@ -41,10 +41,11 @@ class BuildCancelled(Exception):
     """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""
 
 
-class JobIndex:
-    def __init__(self, spec: JobSpec, store: TokenStore):
-        self.spec, self.name, self.store = spec, spec.name, store
-        self.tokenizer = TextTokenizer(spec.tokenizer)
+class DatasetIndex:
+    def __init__(self, spec: JobSpec, dataset: DatasetSpec, store: TokenStore,
+                 tokenizer: TextTokenizer):  # fmt: skip
+        self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
+        self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
         self.chunks: list[Chunk] = []
         self.keys: list[str] = []
         self.num_docs = np.zeros(0, dtype=np.int64)
@@ -91,14 +92,14 @@ class JobIndex:
         if not self.chunks:
             await loop.run_in_executor(executor, self._plan)
         n = len(self.chunks)
-        keys = order.round_keys("chunks", self.spec.seed, self.spec.dataset, 0)
+        keys = order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
         todo = [int(i) for i in order.permute(np.arange(n), n, keys) if self.num_docs[i] < 0]
         todo.reverse()  # popped from the end: epoch-0 order
 
         async def worker() -> None:
             while todo and not self._cancel.is_set():
                 i = todo.pop()
-                self._record(i, await loop.run_in_executor(executor, self.ensure_chunk, i))
+                self._record(i, *await loop.run_in_executor(executor, self._index_chunk, i))
 
         try:
             async with asyncio.TaskGroup() as group:  # the first failure cancels the others
@@ -112,20 +113,32 @@ class JobIndex:
 
     def _plan(self) -> None:
         objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
-        for source in self.spec.sources:
+        for source in self.dataset.sources:
             found = store_for(source.pattern).list(source.pattern)
             if not found:
                 raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
             for obj in found:  # an object matched by two patterns is read once, as the first says
                 objects.setdefault(obj.uri, (obj, source))
-        chunks = plan_chunks(list(objects.values()), self.spec.chunk_bytes)
+        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes)
         if not chunks:
             raise SourceError(f"job {self.name}: every source object is empty")
         self.keys = [c.key(self.tokenizer.digest) for c in chunks]
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
         self.digests = [""] * len(chunks)
+        self.rows_per_chunk = np.zeros(len(chunks), dtype=np.int64)
         self.chunks = chunks
+
+    def _index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
+        """Runs in a worker thread: the chunk's entry and the rows it packs into."""
+        entry = self.ensure_chunk(i)
+        if self.spec.packing == "concat":
+            rows = packing.concat_rows(entry.num_tokens, entry.num_docs, self.spec.seq_len,
+                                       self.tokenizer.add_bos)  # fmt: skip
+        else:  # best_fit needs every document's length, not just the totals
+            lengths = self.store.open(self.keys[i]).doc_lengths
+            rows = bestfit.bestfit_rows(lengths, self.spec.seq_len, self.tokenizer.add_bos)
+        return entry, rows
 
     def ensure_chunk(self, i: int) -> ChunkIndex:
         """Runs in a worker thread: the chunk's index entry, tokenizing it if it is not stored."""
@@ -138,11 +151,13 @@ class JobIndex:
         docs = read_documents(store_for(chunk.source.uri), chunk)
         self._check_policy([str(b) for b in docs.bad])
         tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
-        bad = list(docs.bad)
+        bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
         if (lengths == 0).any():
             empty = np.nonzero(lengths == 0)[0]
-            bad += [BadRecord("no_tokens", f"{chunk.describe()} document {d}") for d in empty]
+            bad += [BadRecord("no_tokens", f"{chunk.describe()} record {record_ids[d]}")
+                    for d in empty]  # fmt: skip
             self._check_policy([str(b) for b in bad])
+            record_ids = record_ids[lengths > 0]
             lengths = lengths[lengths > 0]
         for b in bad:
             fields = {"job": self.name, "reason": b.reason, "location": b.location}
@@ -150,7 +165,7 @@ class JobIndex:
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
         return self.store.put(key, tokens, lengths, docs.records, counts, examples,
-                              chunk.describe())  # fmt: skip
+                              chunk.describe(), record_ids, docs.data_start)  # fmt: skip
 
     def _stop_point(self) -> None:
         if self._cancel.is_set():
@@ -163,19 +178,15 @@ class JobIndex:
                 f"(set bad_records: skip to skip, count and log such records)"
             )
 
-    def _record(self, i: int, entry: ChunkIndex) -> None:
+    def _record(self, i: int, entry: ChunkIndex, rows: int) -> None:
         self.num_docs[i] = entry.num_docs
         self.num_tokens[i] = entry.num_tokens
         self.digests[i] = entry.digest
+        self.rows_per_chunk[i] = rows
         self.bad_records.update(entry.bad)
 
     def _finish(self) -> None:
-        add_bos, seq_len = self.tokenizer.add_bos, self.spec.seq_len
-        rows = np.array(
-            [packing.concat_rows(int(t), int(d), seq_len, add_bos)
-             for t, d in zip(self.num_tokens, self.num_docs, strict=True)],
-            dtype=np.int64,
-        )  # fmt: skip
+        seq_len, rows = self.spec.seq_len, self.rows_per_chunk
         total = int(rows.sum())
         if total == 0:
             raise SourceError(
@@ -183,7 +194,7 @@ class JobIndex:
                 f"({int(self.num_tokens.sum())} tokens in {len(self.chunks)} chunks); "
                 "lower seq_len or chunk_bytes, or add data"
             )
-        self.rows_per_chunk, self.rows_per_epoch = rows, total
+        self.rows_per_epoch = total
         self.fingerprint = self._fingerprint()
         self.state, self.error = READY, ""
         log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
@@ -195,13 +206,6 @@ class JobIndex:
         log.error("job %s failed: %s", self.name, error)
 
     def _fingerprint(self) -> str:
-        """Everything that decides the bytes of a batch, the content of every chunk included."""
-        s, t = self.spec, self.tokenizer
-        parts = [
-            f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}",
-            f"batch={s.global_batch_size}", f"seed={s.seed}", f"packing={s.packing}",
-            f"dataset={s.dataset}", f"window={s.window_chunks}", f"eos={t.eos_id}",
-            f"bos={t.bos_id}", f"add_bos={t.add_bos}",
-        ]  # fmt: skip
-        parts += [f"chunk={digest}" for digest in self.digests]
-        return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
+        """The dataset's content: every chunk's digest, in chunk order."""
+        text = "\n".join([self.dataset.name, *self.digests])
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

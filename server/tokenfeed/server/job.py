@@ -1,14 +1,16 @@
-"""A job at run time: its token index (index.py) and the batches it serves.
+"""A job at run time: its datasets' token indexes (index.py), its schedule (mixture.py) and
+the batches it serves.
 
-`batch` applies the pure order and packing functions to the stored tokens and reads only the
-chunks its rows live in. Opening a chunk (and its first-open verification, or its rebuild when
-it is corrupt) is disk work: `prepare` does it in a worker thread before `batch` runs on the
-event loop, so a slow or corrupt chunk never stalls other calls.
+A batch is planned (which dataset row fills each position, then where each row lives: pure
+order arithmetic), its chunks are opened (disk work: `open_chunks` runs it in a worker thread,
+so a slow or corrupt chunk never stalls other calls), and it is assembled by the pure packing
+functions from the stored tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -16,10 +18,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import order, packing
+from tokenfeed.server import bestfit, order, packing
+from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.config import JobSpec
 from tokenfeed.server.errors import JobFailedError, NotReadyError, RequestError, StoreCorruptError
-from tokenfeed.server.index import FAILED, INDEXING, READY, JobIndex
+from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
+from tokenfeed.server.mixture import Phase, Schedule
+from tokenfeed.server.readers import line_number
+from tokenfeed.server.storage import store_for
+from tokenfeed.server.tokenize import TextTokenizer
 from tokenfeed.server.tokstore import TokenChunk, TokenStore
 
 log = logging.getLogger(__name__)
@@ -57,47 +64,74 @@ class _LRU:
 class Job:
     def __init__(self, spec: JobSpec, store: TokenStore):
         self.spec, self.name, self.store = spec, spec.name, store
-        self.index = JobIndex(spec, store)
-        self.tokenizer = self.index.tokenizer
+        self.tokenizer = TextTokenizer(spec.tokenizer)
+        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer) for d in spec.datasets]
+        phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
+        self.schedule = Schedule(phases, spec.seed)
         self._ready = asyncio.Event()
-        self._layouts = _LRU(4)
+        self._layouts = _LRU(4 * len(self.indexes))
         self._streams = _LRU(512)
-        self._windows = _LRU(16)
+        self._windows = _LRU(16 * len(self.indexes))
         self._open = _LRU(256)
+        self._fingerprint = ""
+
+    @property
+    def index(self) -> DatasetIndex:
+        """The first dataset's index (the only one of a plain job)."""
+        return self.indexes[0]
 
     @property
     def state(self) -> str:
-        return self.index.state
+        states = {i.state for i in self.indexes}
+        return FAILED if FAILED in states else READY if states == {READY} else INDEXING
 
     @property
     def error(self) -> str:
-        return self.index.error
+        return "; ".join(i.error for i in self.indexes if i.error)
 
     @property
     def fingerprint(self) -> str:
-        return self.index.fingerprint
+        """Everything that decides the bytes of a batch; empty until the job is READY."""
+        if not self._fingerprint and self.state == READY:
+            s, t = self.spec, self.tokenizer
+            parts = [f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}", f"seed={s.seed}",
+                     f"packing={s.packing}", f"window={s.window_chunks}", f"eos={t.eos_id}",
+                     f"bos={t.bos_id}", f"add_bos={t.add_bos}"]  # fmt: skip
+            parts += [f"phase={p.start_step}|{p.global_batch_size}|"
+                      + ",".join(map(str, p.weights)) for p in s.phases]  # fmt: skip
+            parts += [f"dataset={i.fingerprint}" for i in self.indexes]
+            digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16)
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
 
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
-        await self.index.build(executor, parallel, retry)
+        await asyncio.gather(*(i.build(executor, parallel, retry) for i in self.indexes))
         self._ready.set()
 
     def cancel(self) -> None:
-        self.index.cancel()
+        for i in self.indexes:
+            i.cancel()
+
+    @property
+    def chunks_indexed(self) -> int:
+        return sum(i.chunks_indexed for i in self.indexes)
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(len(i.chunks) for i in self.indexes)
 
     async def wait_ready(self, timeout: float) -> None:
-        if not self._ready.is_set() and self.index.error:
+        if not self._ready.is_set() and self.error:
             # The build failed here and waits to retry: another server can serve sooner.
             raise NotReadyError(f"job {self.name} cannot be indexed on this server right now "
-                                f"({self.index.error}); retry on another server")  # fmt: skip
+                                f"({self.error}); retry on another server")  # fmt: skip
         if not self._ready.is_set():
             try:
                 await asyncio.wait_for(asyncio.shield(self._ready.wait()), timeout)
             except TimeoutError:
-                idx = self.index
-                why = f"; last error: {idx.error}" if idx.error else ""
                 raise NotReadyError(
-                    f"job {self.name} is indexing on this server ({idx.chunks_indexed}/"
-                    f"{len(idx.chunks)} chunks tokenized{why}); retry shortly or elsewhere"
+                    f"job {self.name} is indexing on this server ({self.chunks_indexed}/"
+                    f"{self.num_chunks} chunks tokenized); retry shortly or elsewhere"
                 ) from None
         if self.state == FAILED:
             raise JobFailedError(self.error)
@@ -110,107 +144,176 @@ class Job:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Steps per epoch of a plain job's dataset at the first batch size (0 for mixtures)."""
+        if len(self.indexes) > 1:
+            return 0
         return self.index.rows_per_epoch // self.spec.global_batch_size
 
     def check_request(self, step: int, rank: int, world_size: int) -> None:
-        b = self.spec.global_batch_size
-        if step < 0 or step >= MAX_STEP // b:
-            raise RequestError(f"step must be in [0, {MAX_STEP // b}), got {step}")
+        limit = MAX_STEP // max(p.global_batch_size for p in self.spec.phases)
+        if not 0 <= step < limit:
+            raise RequestError(f"step must be in [0, {limit}), got {step}")
         if world_size < 1:
             raise RequestError(f"world_size must be >= 1, got {world_size}")
+        b = self.schedule.batch_size(step)
         if b % world_size:
             divisors = [w for w in range(1, b + 1) if b % w == 0]
             raise RequestError(
                 f"world_size {world_size} does not divide global_batch_size {b} of job "
-                f"{self.name}; valid world sizes: {divisors}"
+                f"{self.name} at step {step}; valid world sizes: {divisors}"
             )
         if not 0 <= rank < world_size:
             raise RequestError(f"rank must be in [0, {world_size}), got {rank}")
 
     def plan(self, step: int, rank: int, world_size: int):
-        """(epochs, [(epoch, slots, chunk ids, rows in chunk)]) for one rank's rows."""
+        """(rows, [(dataset, epoch, slots, chunk ids, rows in chunk)]) for one rank's rows."""
         self.check_request(step, rank, world_size)
         if self.state != READY:
             raise NotReadyError(f"job {self.name} is not ready ({self.state})")
-        per_rank = self.spec.global_batch_size // world_size
-        first = step * self.spec.global_batch_size + rank * per_rank
-        epochs, within = np.divmod(np.arange(first, first + per_rank), self.index.rows_per_epoch)
+        per_rank = self.schedule.batch_size(step) // world_size
+        datasets, dataset_rows = self.schedule.rows(step, rank * per_rank, per_rank)
         parts = []
-        for epoch in dict.fromkeys(epochs.tolist()):  # distinct, in order; cheap when small
-            layout = self._layouts.get_or_make(epoch, lambda e=epoch: self._layout(e))
-            slots = np.nonzero(epochs == epoch)[0]
-            chunk_ids, chunk_rows = order.locate_rows(
-                layout, within[slots], lambda w, e=epoch: self._window_perm(e, w)
-            )
-            parts.append((epoch, slots, chunk_ids, chunk_rows))
-        return epochs, parts
+        for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small
+            mine = np.nonzero(datasets == d)[0]
+            epochs, within = np.divmod(dataset_rows[mine], self.indexes[d].rows_per_epoch)
+            for epoch in dict.fromkeys(epochs.tolist()):
+                layout = self._layout(d, epoch)
+                sel = epochs == epoch
+                chunk_ids, chunk_rows = order.locate_rows(
+                    layout, within[sel], lambda w, d=d, e=epoch: self._window_perm(d, e, w)
+                )
+                parts.append((d, epoch, mine[sel], chunk_ids, chunk_rows))
+        return per_rank, parts
 
     async def open_chunks(self, plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
-        needed = {c for _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
-        missing = [c for c in needed if not self._open.contains(c)]
+        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        missing = [key for key in needed if not self._open.contains(key)]
         if missing:
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(executor, self._chunk, c)
-                                   for c in missing))  # fmt: skip
+            await asyncio.gather(*(loop.run_in_executor(executor, self._chunk, d, c)
+                                   for d, c in missing))  # fmt: skip
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, arrays of shape [rows, seq_len]) of one rank's slice."""
         return self.assemble(self.plan(step, rank, world_size))
 
     def assemble(self, plan) -> tuple[int, dict[str, np.ndarray]]:
-        epochs, parts = plan
-        shape = (len(epochs), self.spec.seq_len)
+        rows, parts = plan
+        shape = (rows, self.spec.seq_len)
         out = {name: np.empty(shape, dtype=np.int32) for name in packing.TENSOR_NAMES}
-        for epoch, slots, chunk_ids, chunk_rows in parts:
+        first_epoch = 0
+        for d, epoch, slots, chunk_ids, chunk_rows in parts:
+            if 0 in slots:
+                first_epoch = epoch
             for c in dict.fromkeys(chunk_ids.tolist()):
                 mine = chunk_ids == c
-                for name, arr in self._rows(epoch, c, chunk_rows[mine]).items():
+                for name, arr in self._rows(d, epoch, c, chunk_rows[mine]).items():
                     out[name][slots[mine]] = arr
-        return int(epochs[0]), out
+        return first_epoch, out
 
-    def _layout(self, epoch: int) -> order.EpochLayout:
-        s = self.spec
-        rows = self.index.rows_per_chunk
-        return order.epoch_layout(rows, s.seed, s.dataset, epoch, s.window_chunks)
+    def explain(self, step: int, rank: int, world_size: int) -> list[dict]:
+        """Provenance of every row of one rank's batch (reads manifests, may count lines:
+        run it off the event loop)."""
+        per_rank, parts = self.plan(step, rank, world_size)
+        rows: list[dict] = [{} for _ in range(per_rank)]
+        for d, epoch, slots, chunk_ids, chunk_rows in parts:
+            idx = self.indexes[d]
+            for slot, c, r in zip(slots.tolist(), chunk_ids.tolist(), chunk_rows.tolist(),
+                                  strict=True):  # fmt: skip
+                pieces = self._pieces(d, epoch, c, r)
+                record_ids, data_start = self.store.provenance(idx.keys[c])
+                rows[slot] = {
+                    "row": slot, "dataset": idx.dataset.name, "epoch": epoch,
+                    "pieces": [(idx.chunks[c].source.uri,
+                                self._locate_record(idx, c, data_start, record_ids[doc]),
+                                ts, te, rs, re) for doc, ts, te, rs, re in pieces],
+                }  # fmt: skip
+        return rows
 
-    def _window_perm(self, epoch: int, w: int) -> np.ndarray:
-        layout = self._layouts.get_or_make(epoch, lambda: self._layout(epoch))
-        return self._windows.get_or_make((epoch, w), lambda: order.window_order(layout, w))
+    def _pieces(self, d: int, epoch: int, c: int, r: int) -> list[tuple[int, int, int, int, int]]:
+        s, bos = self.spec, int(self.tokenizer.add_bos)
+        if s.packing != "best_fit":
+            return packing.concat_pieces(self._stream(d, epoch, c), r, s.seq_len)
+        layout = self._bestfit(d, c)
+        lengths = self._chunk(d, c).doc_lengths
+        out = []
+        for p in range(int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])):
+            doc, off = int(layout.doc[p]), int(layout.offset[p])
+            start, length = int(layout.start[p]), int(layout.length[p])
+            a, b = max(off, bos), min(off + length, bos + int(lengths[doc]))  # body slots
+            ra, rb = start + a - off, min(start + b - off, s.seq_len)  # inputs only
+            if ra < rb:
+                out.append((doc, a - bos, a - bos + rb - ra, ra, rb))
+        return out
 
-    def _chunk(self, c: int) -> TokenChunk:
-        return self._open.get_or_make(c, lambda: self._load(c))
+    @staticmethod
+    def _locate_record(idx: DatasetIndex, c: int, data_start: int, record: int) -> str:
+        chunk = idx.chunks[c]
+        if chunk.kind == "parquet":
+            return f"row {chunk.start + record}"
+        return f"line {line_number(store_for(chunk.source.uri), chunk, data_start, record)}"
 
-    def _load(self, c: int) -> TokenChunk:
-        idx, key = self.index, self.index.keys[c]
+    def _layout(self, d: int, epoch: int) -> order.EpochLayout:
+        def make() -> order.EpochLayout:
+            idx, s = self.indexes[d], self.spec
+            return order.epoch_layout(idx.rows_per_chunk, s.seed, idx.dataset.name, epoch,
+                                      s.window_chunks)  # fmt: skip
+
+        return self._layouts.get_or_make((d, epoch), make)
+
+    def _window_perm(self, d: int, epoch: int, w: int) -> np.ndarray:
+        layout = self._layout(d, epoch)
+        return self._windows.get_or_make((d, epoch, w), lambda: order.window_order(layout, w))
+
+    def _chunk(self, d: int, c: int) -> TokenChunk:
+        return self._open.get_or_make((d, c), lambda: self._load(d, c))
+
+    def _load(self, d: int, c: int) -> TokenChunk:
+        idx = self.indexes[d]
+        key = idx.keys[c]
         try:
-            return self._checked(c, self.store.open(key))
+            return self._checked(idx, c, self.store.open(key))
         except StoreCorruptError as e:
             # Losing a cache entry loses no data: tokenization is deterministic, so the rebuilt
             # chunk has the same bytes (checked against the index below).
             log.warning("job %s: %s; re-tokenizing %s", self.name, e, idx.chunks[c].describe())
             self.store.drop(key, "rebuilding")
             idx.ensure_chunk(c)
-            return self._checked(c, self.store.open(key))
+            return self._checked(idx, c, self.store.open(key))
 
-    def _checked(self, c: int, chunk: TokenChunk) -> TokenChunk:
-        if len(chunk.doc_lengths) != self.index.num_docs[c] or (
-            chunk.tokens.size != self.index.num_tokens[c]
-        ):
+    @staticmethod
+    def _checked(idx: DatasetIndex, c: int, chunk: TokenChunk) -> TokenChunk:
+        if len(chunk.doc_lengths) != idx.num_docs[c] or chunk.tokens.size != idx.num_tokens[c]:
             raise StoreCorruptError(
-                f"token chunk {self.index.keys[c]} holds {len(chunk.doc_lengths)} documents and "
-                f"{chunk.tokens.size} tokens, the index says {self.index.num_docs[c]} and "
-                f"{self.index.num_tokens[c]}"
+                f"token chunk {idx.keys[c]} holds {len(chunk.doc_lengths)} documents and "
+                f"{chunk.tokens.size} tokens, the index says {idx.num_docs[c]} and "
+                f"{idx.num_tokens[c]}"
             )
         return chunk
 
-    def _rows(self, epoch: int, c: int, rows: np.ndarray) -> dict[str, np.ndarray]:
-        chunk = self._chunk(c)
-        s, t = self.spec, self.tokenizer
-
+    def _stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
         def make() -> packing.ChunkStream:
-            doc_order = order.document_order(len(chunk.doc_lengths), s.seed, s.dataset, epoch, c)
-            return packing.concat_stream(chunk.doc_offsets, chunk.doc_lengths, doc_order, t.add_bos)
+            chunk, s, name = self._chunk(d, c), self.spec, self.indexes[d].dataset.name
+            doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
+            return packing.concat_stream(chunk.doc_offsets, chunk.doc_lengths, doc_order,
+                                         self.tokenizer.add_bos)  # fmt: skip
 
-        stream = self._streams.get_or_make((epoch, c), make)
-        return packing.concat_rows_at(stream, chunk.tokens, rows, s.seq_len, t.bos_id, t.eos_id)
+        return self._streams.get_or_make((d, epoch, c), make)
+
+    def _bestfit(self, d: int, c: int) -> bestfit.BestFitLayout:
+        # best-fit rows do not depend on the epoch's document order (the rows are permuted)
+        def make() -> bestfit.BestFitLayout:
+            lengths = self._chunk(d, c).doc_lengths
+            return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.tokenizer.add_bos)
+
+        return self._streams.get_or_make((d, -1, c), make)
+
+    def _rows(self, d: int, epoch: int, c: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        chunk, s, t = self._chunk(d, c), self.spec, self.tokenizer
+        if s.packing == "best_fit":
+            layout = self._bestfit(d, c)  # padding slots hold EOS, masked by loss_mask
+            return bestfit.bestfit_rows_at(layout, chunk.doc_offsets, chunk.tokens, rows,
+                                           s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
+        return packing.concat_rows_at(self._stream(d, epoch, c), chunk.tokens, rows, s.seq_len,
+                                      t.bos_id, t.eos_id)  # fmt: skip

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids")
+TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
 
 
 def concat_rows(num_tokens: int, num_docs: int, seq_len: int, add_bos: bool) -> int:
@@ -32,6 +32,7 @@ class ChunkStream:
     doc_starts: np.ndarray  # int64 [D]: offset of each permuted document's tokens in the chunk
     seg_starts: np.ndarray  # int64 [D+1]: stream offset where each segment starts; last = T
     bos: int  # 1 if each segment opens with BOS, else 0
+    doc_ids: np.ndarray  # int64 [D]: the chunk's document index behind each segment
 
     @property
     def total(self) -> int:
@@ -50,7 +51,8 @@ def concat_stream(
     seg = np.asarray(doc_lengths, dtype=np.int64)[order] + (1 + bos)
     seg_starts = np.zeros(len(seg) + 1, dtype=np.int64)
     np.cumsum(seg, out=seg_starts[1:])
-    return ChunkStream(np.asarray(doc_offsets, dtype=np.int64)[order], seg_starts, bos)
+    order = np.asarray(order, dtype=np.int64)
+    return ChunkStream(np.asarray(doc_offsets, dtype=np.int64)[order], seg_starts, bos, order)
 
 
 def _segments(seg_starts: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
@@ -97,4 +99,23 @@ def concat_rows_at(
         "labels": ids[:, 1:],
         "position_ids": position.astype(np.int32),
         "segment_ids": (inputs - inputs[:, :1] + 1).astype(np.int32),
+        "loss_mask": np.ones(inputs.shape, dtype=np.int32),  # concat has no padding
     }
+
+
+def concat_pieces(
+    stream: ChunkStream, row: int, seq_len: int
+) -> list[tuple[int, int, int, int, int]]:
+    """(document, token start, token end, row start, row end) of each document's tokens among
+    the inputs of chunk row `row` (BOS and EOS are not document tokens)."""
+    lo, hi = row * seq_len, row * seq_len + seq_len
+    first = int(np.searchsorted(stream.seg_starts, lo, side="right")) - 1
+    last = int(np.searchsorted(stream.seg_starts, hi - 1, side="right")) - 1
+    out = []
+    for s in range(first, last + 1):
+        body = int(stream.seg_starts[s]) + stream.bos  # first token of the document
+        end = int(stream.seg_starts[s + 1]) - 1  # its EOS
+        a, b = max(lo, body), min(hi, end)
+        if a < b:
+            out.append((int(stream.doc_ids[s]), a - body, b - body, a - lo, b - lo))
+    return out

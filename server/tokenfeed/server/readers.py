@@ -44,6 +44,10 @@ class ChunkDocuments:
     texts: list[str]
     bad: list[BadRecord]
     records: int
+    record_ids: list[int]  # per text: its index among the chunk's records (good or bad)
+    # JSON Lines: byte offset of the chunk's first record in the (decompressed) object, from
+    # which `line_number` finds line numbers when they are asked for
+    data_start: int = 0
 
 
 def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
@@ -144,18 +148,25 @@ def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
         data, data_start = _line_range(store, chunk)
     else:
         data, data_start = _decompressed(store, chunk), 0
-    texts, bad, records = [], [], 0
+    texts, bad, records, ids = [], [], 0, []
     line_base: int | None = 0 if data_start == 0 else None
     for i, item in _parse_lines(data, chunk):
         records += 1
         if isinstance(item, str):
             texts.append(item)
+            ids.append(i)
             continue
         if line_base is None:  # only paid when a range chunk has a bad record
             line_base = _count_lines_before(store, chunk, data_start)
         location = f"{chunk.source.uri}:{line_base + i + 1}"
         bad.append(BadRecord(item.reason, location, item.detail))
-    return ChunkDocuments(texts, bad, records)
+    return ChunkDocuments(texts, bad, records, ids, data_start)
+
+
+def line_number(store: ObjectStore, chunk: Chunk, data_start: int, record: int) -> int:
+    """1-based line of the chunk's `record`-th record (JSON Lines chunks)."""
+    before = _count_lines_before(store, chunk, data_start) if data_start else 0
+    return before + record + 1
 
 
 def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
@@ -167,7 +178,7 @@ def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
     column = table.column(0)
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         column = column.cast(pa.large_binary())
-    texts, bad = [], []
+    texts, bad, ids = [], [], []
     for i, value in enumerate(column.to_pylist()):
         row = chunk.start + i
         location = f"{chunk.source.uri} row {row}"
@@ -183,7 +194,8 @@ def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
             bad.append(BadRecord("empty", location, f"{chunk.text_field!r} is empty"))
             continue
         texts.append(text)
-    return ChunkDocuments(texts, bad, len(table))
+        ids.append(i)
+    return ChunkDocuments(texts, bad, len(table), ids)
 
 
 def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import logging
 import math
@@ -114,6 +116,24 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             await _abort(context, exc, "StreamBatches")
 
     @_unary
+    async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
+        ws = request.world_size or 1
+        job = await self._ready_job(request.job, request.step, request.rank, ws, context)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
+        batch = await self._batch(job, request.step, request.rank, ws)
+        return pb.Explanation(
+            job=job.name, step=request.step, rank=request.rank, world_size=ws,
+            fingerprint=batch.fingerprint,
+            rows=[pb.RowExplanation(
+                row=r["row"], dataset=r["dataset"], epoch=r["epoch"],
+                pieces=[pb.Piece(source=src, record=rec, token_start=ts, token_end=te,
+                                 row_start=rs, row_end=re)
+                        for src, rec, ts, te, rs, re in r["pieces"]],
+            ) for r in rows],
+        )  # fmt: skip
+
+    @_unary
     async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
         return job_info(self._job(request.job))
 
@@ -122,19 +142,35 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         return pb.ListJobsResponse(jobs=[job_info(self.jobs[n]) for n in sorted(self.jobs)])
 
 
-def job_info(job: Job) -> pb.JobInfo:
-    s, idx = job.spec, job.index
-    ready = job.state == READY
-    return pb.JobInfo(
-        name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
-        seq_len=s.seq_len, global_batch_size=s.global_batch_size, seed=s.seed, packing=s.packing,
+def _dataset_info(idx, weight) -> pb.DatasetInfo:
+    ready = idx.state == READY
+    return pb.DatasetInfo(
+        name=idx.dataset.name, weight=str(weight), fingerprint=idx.fingerprint,
         num_sources=len({c.source.uri for c in idx.chunks}), num_chunks=len(idx.chunks),
         chunks_indexed=idx.chunks_indexed,
         num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
         num_tokens=int(idx.num_tokens[idx.num_tokens > 0].sum()),
         rows_per_epoch=idx.rows_per_epoch if ready else 0,
+    )  # fmt: skip
+
+
+def job_info(job: Job) -> pb.JobInfo:
+    s = job.spec
+    ready = job.state == READY
+    datasets = [_dataset_info(i, w) for i, w in zip(job.indexes, s.phases[0].weights,
+                                                    strict=True)]  # fmt: skip
+    bad = sum((i.bad_records for i in job.indexes), start=collections.Counter())
+    return pb.JobInfo(
+        name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
+        seq_len=s.seq_len, global_batch_size=s.global_batch_size, seed=s.seed, packing=s.packing,
+        num_sources=sum(d.num_sources for d in datasets), num_chunks=job.num_chunks,
+        chunks_indexed=job.chunks_indexed,
+        num_documents=sum(d.num_documents for d in datasets),
+        num_tokens=sum(d.num_tokens for d in datasets),
+        rows_per_epoch=sum(d.rows_per_epoch for d in datasets) if ready else 0,
         steps_per_epoch=job.steps_per_epoch if ready else 0,
-        bad_records=[pb.BadRecordCount(reason=r, count=c)
-                     for r, c in sorted(idx.bad_records.items())],
-        tensor_names=list(job.tensor_names),
+        bad_records=[pb.BadRecordCount(reason=r, count=c) for r, c in sorted(bad.items())],
+        tensor_names=list(job.tensor_names), datasets=datasets,
+        schedule=[pb.Phase(start_step=p.start_step, global_batch_size=p.global_batch_size,
+                           weights=[str(w) for w in p.weights]) for p in s.phases],
     )  # fmt: skip

@@ -127,6 +127,7 @@ class TokenStore:
     def put(
         self, key: str, tokens: np.ndarray, lengths: np.ndarray, records: int,
         bad: dict[str, int], bad_examples: list[str], source: str,
+        record_ids: np.ndarray | None = None, data_start: int = 0,
     ) -> ChunkIndex:  # fmt: skip
         bin_path, idx_path, meta_path = self._paths(key)
         bin_path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +140,9 @@ class TokenStore:
             "num_docs": int(len(lengths)), "num_tokens": int(len(tokens)), "records": records,
             "dtype": tokens.dtype.name, "bad_records": bad, "bad_examples": bad_examples,
             "bin_bytes": len(bin_bytes), "idx_bytes": len(idx_bytes),
+            "data_start": data_start,
+            # per document, its index among the chunk's records: provenance (Explain)
+            "record_ids": [] if record_ids is None else [int(r) for r in record_ids],
             "bin_blake2b": hashlib.blake2b(bin_bytes, digest_size=16).hexdigest(),
             "idx_blake2b": hashlib.blake2b(idx_bytes, digest_size=16).hexdigest(),
         }  # fmt: skip
@@ -191,6 +195,13 @@ class TokenStore:
             self.drop(key, "files disagree with the manifest")
             return None
         return m
+
+    def provenance(self, key: str) -> tuple[list[int], int]:
+        """(record index of each document, byte offset of the chunk's first record)."""
+        m = self._manifest(key)
+        if m is None:
+            raise StoreCorruptError(f"token chunk {key} is missing or incomplete")
+        return m.get("record_ids", []), m.get("data_start", 0)
 
     def get_index(self, key: str) -> ChunkIndex | None:
         """The chunk's manifest if the chunk is stored whole; None if it must be (re)built."""
