@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,3 +120,15 @@ def test_best_fit_splits_only_documents_longer_than_a_row_and_masks_padding(mixe
                 assert ((segments == 0) <= (mask == 0)).all()
                 padded += int((segments == 0).sum())
     assert split_seen and padded, "the corpus exercises both splitting and padding"
+
+
+def test_explain_command_prints_each_rows_sources(mixed):
+    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "explain", "--target", mixed.address,
+           "--job", "mix", "--step", "3", "--rank", "1", "--world-size", "2"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("job mix step 3 rank 1/2 fingerprint ")
+    rows = [line for line in lines if line.startswith("row ")]
+    assert len(rows) == 4 and all("dataset web" in r or "dataset books" in r for r in rows)
+    assert any("<- tokens [" in line and ".jsonl line " in line for line in lines)
