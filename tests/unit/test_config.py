@@ -92,7 +92,8 @@ def expected(base: Path, origin: str) -> Config:
         window_chunks=4,
         bad_records="strict",
     )
-    server = ServerSpec("0.0.0.0:6000", str(base / "cache"), 4, "json", 5.0)
+    server = ServerSpec("0.0.0.0:6000", cache_dir=str(base / "cache"), tokenize_threads=4,
+                        log_format="json", max_wait_seconds=5.0)  # fmt: skip
     return Config(server=server, jobs=(job,), origin=origin)
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.errors import StoreCorruptError
-from tokenfeed.server.tokstore import TokenStore, decode_idx, encode_idx
+from tokenfeed.server.tokstore import ChunkMissing, TokenStore, decode_idx, encode_idx
 
 KEY = "ab" + "0123456789abcdef" * 2
 
@@ -20,9 +20,9 @@ MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int6
                    6: np.float64, 7: np.float32, 8: np.uint16}  # fmt: skip
 
 
-def paths(root: Path, key: str = KEY) -> tuple[Path, Path, Path]:
+def paths(root: Path, key: str = KEY) -> tuple[Path, Path, Path, Path]:
     d = root / "tokens" / key[:2]
-    return d / f"{key}.bin", d / f"{key}.idx", d / f"{key}.json"
+    return d / f"{key}.bin", d / f"{key}.idx", d / f"{key}.json", d / f"{key}.rec"
 
 
 def read_megatron(bin_path: Path, idx_path: Path) -> list[np.ndarray]:
@@ -93,8 +93,9 @@ def test_put_get_index_open_round_trip(tmp_path, lengths):
 def test_manifest_records_sizes_and_digests(tmp_path):
     tokens, lengths, _ = docs_of([3, 4], np.int32)
     put(TokenStore(tmp_path), tokens, lengths)
-    bin_path, idx_path, meta_path = paths(tmp_path)
+    bin_path, idx_path, meta_path, rec_path = paths(tmp_path)
     m = json.loads(meta_path.read_text())
+    assert m["rec_bytes"] == rec_path.stat().st_size == 2 * 8
     assert m["bin_bytes"] == bin_path.stat().st_size == 7 * 4
     assert m["idx_bytes"] == idx_path.stat().st_size == 34 + 2 * 4 + 2 * 8 + 3 * 8
     assert m["dtype"] == "int32" and m["num_tokens"] == 7 and m["num_docs"] == 2
@@ -103,20 +104,22 @@ def test_manifest_records_sizes_and_digests(tmp_path):
 def test_missing_chunk_is_absent(tmp_path):
     store = TokenStore(tmp_path)
     assert store.get_index(KEY) is None
-    with pytest.raises(StoreCorruptError, match=KEY):
+    with pytest.raises(ChunkMissing, match=KEY):
         store.open(KEY)
 
 
-def test_truncated_bin_is_dropped_on_index(tmp_path):
+def test_truncated_bin_is_dropped_on_rescan_and_the_manifest_kept(tmp_path):
     tokens, lengths, _ = docs_of([100, 20], np.uint16)
-    put(TokenStore(tmp_path), tokens, lengths)
-    bin_path, _, _ = paths(tmp_path)
+    index = put(TokenStore(tmp_path), tokens, lengths)
+    bin_path, idx_path, meta_path, rec_path = paths(tmp_path)
     bin_path.write_bytes(bin_path.read_bytes()[:-2])
     store = TokenStore(tmp_path)
-    assert store.get_index(KEY) is None
-    # Dropped, so the next lookup rebuilds rather than trusting any leftover file.
-    assert not any(p.exists() for p in paths(tmp_path))
-    with pytest.raises(StoreCorruptError):
+    # The index of the chunk survives (the job's index is computed from manifests); the body
+    # is gone, so the next use rebuilds it rather than trusting any leftover file.
+    assert store.get_index(KEY) == index
+    assert not store.has_body(KEY)
+    assert meta_path.exists() and not any(p.exists() for p in (bin_path, idx_path, rec_path))
+    with pytest.raises(ChunkMissing):
         store.open(KEY)
 
 
@@ -127,10 +130,21 @@ def test_size_mismatch_is_caught_even_by_the_writing_instance(tmp_path):
     put(store, tokens, lengths)
     with paths(tmp_path)[1].open("ab") as f:
         f.write(b"\0")
+    with pytest.raises(StoreCorruptError, match="disagree"):
+        store.open(KEY)
+    assert not store.has_body(KEY) and store.get_index(KEY) is not None
+
+
+def test_body_without_manifest_is_removed_on_rescan(tmp_path):
+    tokens, lengths, _ = docs_of([3, 4], np.int32)
+    put(TokenStore(tmp_path), tokens, lengths)
+    paths(tmp_path)[2].unlink()  # a crash before the commit point
+    store = TokenStore(tmp_path)
     assert store.get_index(KEY) is None
+    assert not any(p.exists() for p in paths(tmp_path))
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["bin", "idx"])
+@pytest.mark.parametrize("which", [0, 1, 3], ids=["bin", "idx", "rec"])
 def test_flipped_byte_fails_checksum_in_a_fresh_store(tmp_path, which):
     tokens, lengths, _ = docs_of([100, 20], np.uint16)
     put(TokenStore(tmp_path), tokens, lengths)
@@ -140,11 +154,12 @@ def test_flipped_byte_fails_checksum_in_a_fresh_store(tmp_path, which):
     target.write_bytes(bytes(data))
 
     store = TokenStore(tmp_path)
-    assert store.get_index(KEY) is not None  # the index check is sizes only, by design
+    assert store.get_index(KEY) is not None  # the rescan checks sizes only, by design
     with pytest.raises(StoreCorruptError, match="checksum"):
         store.open(KEY)
-    assert store.get_index(KEY) is None
-    assert not any(p.exists() for p in paths(tmp_path))
+    # The body is dropped (to be rebuilt), the manifest kept.
+    assert store.get_index(KEY) is not None and not store.has_body(KEY)
+    assert [p.exists() for p in paths(tmp_path)] == [False, False, True, False]
 
 
 def test_unreadable_manifest_is_dropped(tmp_path):
@@ -152,7 +167,7 @@ def test_unreadable_manifest_is_dropped(tmp_path):
     put(TokenStore(tmp_path), tokens, lengths)
     paths(tmp_path)[2].write_bytes(b'{"key": ')
     assert TokenStore(tmp_path).get_index(KEY) is None
-    assert not paths(tmp_path)[0].exists()
+    assert not any(p.exists() for p in paths(tmp_path))
 
 
 def test_stale_temp_files_are_removed_on_open(tmp_path):

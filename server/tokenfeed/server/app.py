@@ -14,10 +14,15 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from tokenfeed.server import metrics
+from tokenfeed.server.cache import BlockFiles, DiskCache
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.eviction import FutureUse
+from tokenfeed.server.httpstatus import start_http
 from tokenfeed.server.job import Job
 from tokenfeed.server.service import TokenFeedServicer
+from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokstore import TokenStore
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
@@ -35,8 +40,30 @@ GRPC_OPTIONS = [
 
 
 def build_jobs(config: Config) -> dict[str, Job]:
-    store = TokenStore(config.server.cache_dir)
-    return {spec.name: Job(spec, store) for spec in config.jobs}
+    """The jobs of a config over one disk cache, with the eviction policy that knows them."""
+    cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
+    storage = Storage(config.object_store, BlockFiles(cache))
+    store = TokenStore(cache.root, cache)
+    jobs = {spec.name: Job(spec, store, storage) for spec in config.jobs}
+    cache.set_policy(FutureUse(list(jobs.values())))
+    return jobs
+
+
+def check_budget(config: Config) -> None:
+    """Refuse to start when the cache cannot hold the raw chunks tokenized at once (the token
+    working set is checked per job once its chunk sizes are known: Job.working_set)."""
+    s = config.server
+    for job in config.jobs:
+        for d in job.datasets:
+            if any(src.pattern.startswith("s3://") for src in d.sources):
+                need = s.tokenize_threads * (d.chunk_bytes + 2 * config.object_store.block_bytes)
+                if need > s.cache_bytes:
+                    raise ConfigError(
+                        f"server.cache_bytes: {s.cache_bytes} bytes cannot hold the raw data of "
+                        f"{s.tokenize_threads} chunks of job {job.name} tokenized at once "
+                        f"(chunk_bytes {d.chunk_bytes} plus two blocks each); it needs at "
+                        f"least {need} bytes"
+                    )
 
 
 def _listen(server: grpc.aio.Server, listen: str) -> str:
@@ -52,6 +79,7 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be told we serve
         loop.add_signal_handler(sig, stop.set)
+    check_budget(config)
     jobs = build_jobs(config)
     threads = config.server.tokenize_threads
     tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
@@ -66,17 +94,24 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
          reflection.SERVICE_NAME), server,
     )  # fmt: skip
     address = _listen(server, config.server.listen)
+    http = start_http(config.server.metrics_listen, jobs) if config.server.metrics_listen else None
     await server.start()
+    metrics.SERVING.set(1)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %d job(s) %s on %s", len(jobs), sorted(jobs), address)
     if ready_file:
         tmp = Path(ready_file + ".tmp")
-        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+        ready = {"address": address, "pid": os.getpid(),
+                 "metrics": http.address if http is not None else ""}  # fmt: skip
+        tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
 
     builds = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
+    builds += [asyncio.create_task(job.prefetch(tokenize, config.server.prefetch_steps))
+               for job in jobs.values()]  # fmt: skip
     await stop.wait()
+    metrics.SERVING.set(0)
 
     log.info("draining: health NOT_SERVING, %.1fs grace for in-flight calls",
              config.server.grace_seconds)  # fmt: skip
@@ -88,6 +123,8 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
         task.cancel()
     tokenize.shutdown(wait=True, cancel_futures=True)
     io.shutdown(wait=False, cancel_futures=True)
+    if http is not None:
+        http.shutdown()
     log.info("stopped")
 
 

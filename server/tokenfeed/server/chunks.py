@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenfeed.server.config import SourceSpec
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.storage import ObjectInfo, ObjectStore, store_for
+from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
 
 # Bump when the bytes a chunk produces could change for the same inputs.
 CHUNK_FORMAT_VERSION = 2
@@ -32,6 +32,12 @@ class Chunk:
     start: int  # byte offset (jsonl kinds) or first row of the row group (parquet)
     end: int  # exclusive byte offset, or row after the row group
     row_group: int = -1
+    # Source bytes a read of the chunk needs (for a row group: its compressed column chunks).
+    nbytes: int = 0
+
+    @property
+    def raw_bytes(self) -> int:
+        return self.nbytes or self.end - self.start
 
     def describe(self) -> str:
         if self.kind == "parquet":
@@ -68,6 +74,7 @@ def source_kind(uri: str, declared: str) -> str:
 
 
 def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
+    # Row groups are read whole from the footer's offsets; only the text column is decoded.
     try:
         with store.open(obj) as f:
             meta = pq.ParquetFile(f).metadata
@@ -85,26 +92,31 @@ def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> li
         raise SourceError(f"{obj.uri}: column {spec.text_field!r} is {kind}, expected a string")
     chunks, row = [], 0
     for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        chunks.append(Chunk(obj, "parquet", spec.text_field, row, row + n, g))
+        group = meta.row_group(g)
+        n = group.num_rows
+        size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+        chunks.append(Chunk(obj, "parquet", spec.text_field, row, row + n, g, size))
         row += n
     return chunks
 
 
-def plan_chunks(objects: list[tuple[ObjectInfo, SourceSpec]], chunk_bytes: int) -> list[Chunk]:
+def plan_chunks(
+    objects: list[tuple[ObjectInfo, SourceSpec]], chunk_bytes: int, storage: Storage | None = None
+) -> list[Chunk]:
     """Chunks of every source object, in URI order; empty objects contribute none."""
+    storage = storage or Storage()
     chunks: list[Chunk] = []
     for obj, spec in sorted(objects, key=lambda pair: pair[0].uri):
         kind = source_kind(obj.uri, spec.format)
         if obj.size == 0:
             continue
         if kind == "parquet":
-            chunks.extend(_parquet_chunks(store_for(obj.uri), obj, spec))
+            chunks.extend(_parquet_chunks(storage.for_uri(obj.uri), obj, spec))
         elif kind == "jsonl":
             chunks.extend(
                 Chunk(obj, kind, spec.text_field, s, min(s + chunk_bytes, obj.size))
                 for s in range(0, obj.size, chunk_bytes)
             )
         else:
-            chunks.append(Chunk(obj, kind, spec.text_field, 0, obj.size))
+            chunks.append(Chunk(obj, kind, spec.text_field, 0, obj.size, nbytes=obj.size))
     return chunks

@@ -86,7 +86,13 @@ class JobSpec:
 @dataclass(frozen=True)
 class ServerSpec:
     listen: str = "127.0.0.1:50051"
+    # Prometheus metrics and the status page; empty: no HTTP port.
+    metrics_listen: str = ""
     cache_dir: str = ".tokenfeed-cache"
+    # The disk cache's budget: raw blocks fetched from object storage plus token chunks.
+    cache_bytes: int = 20 * 2**30
+    # Background prefetch keeps each job's chunks this many steps past its furthest request.
+    prefetch_steps: int = 8
     tokenize_threads: int = 2
     log_format: str = "text"
     # How long a request waits for a job that is still indexing before UNAVAILABLE.
@@ -94,10 +100,33 @@ class ServerSpec:
     grace_seconds: float = 10.0
 
 
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+
+
+@dataclass(frozen=True)
+class ObjectStoreSpec:
+    """How `s3://` URIs are reached. Credentials come from boto3's standard chain (environment,
+    shared files, `profile`, instance or pod roles), never from this file."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: str = "auto"
+    profile: str | None = None
+    # Reads are ranged GETs of aligned blocks of this size, cached on disk.
+    block_bytes: int = 8 * 2**20
+    max_concurrency: int = 8
+    max_attempts: int = 8
+    backoff_base_seconds: float = 0.1
+    backoff_max_seconds: float = 20.0
+    connect_timeout_seconds: float = 10.0
+    read_timeout_seconds: float = 60.0
+
+
 @dataclass(frozen=True)
 class Config:
     server: ServerSpec
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
+    object_store: ObjectStoreSpec = field(default_factory=ObjectStoreSpec)
     origin: str = "<memory>"
 
     def job(self, name: str) -> JobSpec:
@@ -248,7 +277,10 @@ def _server(raw: Any, base: Path) -> ServerSpec:
     s = Section(raw if raw is not None else {}, "server")
     spec = ServerSpec(
         listen=s.str("listen", ServerSpec.listen),
+        metrics_listen=s.opt_str("metrics_listen") or "",
         cache_dir=resolve(s.str("cache_dir", ServerSpec.cache_dir), base),
+        cache_bytes=parse_size(s.get("cache_bytes", ServerSpec.cache_bytes), s.path("cache_bytes")),
+        prefetch_steps=s.int("prefetch_steps", ServerSpec.prefetch_steps, minimum=0),
         tokenize_threads=s.int("tokenize_threads", ServerSpec.tokenize_threads, minimum=1),
         log_format=s.str("log_format", "text", ("text", "json")),
         max_wait_seconds=s.number("max_wait_seconds", ServerSpec.max_wait_seconds),
@@ -258,11 +290,35 @@ def _server(raw: Any, base: Path) -> ServerSpec:
     return spec
 
 
+def _object_store(raw: Any) -> ObjectStoreSpec:
+    s = Section(raw if raw is not None else {}, "object_store")
+    d = ObjectStoreSpec
+    spec = ObjectStoreSpec(
+        endpoint_url=s.opt_str("endpoint_url"),
+        region=s.opt_str("region"),
+        addressing_style=s.str("addressing_style", d.addressing_style, ADDRESSING_STYLES),
+        profile=s.opt_str("profile"),
+        block_bytes=parse_size(s.get("block_bytes", d.block_bytes), s.path("block_bytes")),
+        max_concurrency=s.int("max_concurrency", d.max_concurrency, minimum=1),
+        max_attempts=s.int("max_attempts", d.max_attempts, minimum=1),
+        backoff_base_seconds=s.number("backoff_base_seconds", d.backoff_base_seconds),
+        backoff_max_seconds=s.number("backoff_max_seconds", d.backoff_max_seconds),
+        connect_timeout_seconds=s.number("connect_timeout_seconds", d.connect_timeout_seconds),
+        read_timeout_seconds=s.number("read_timeout_seconds", d.read_timeout_seconds),
+    )
+    s.done()
+    if spec.endpoint_url is not None and not re.match(r"https?://", spec.endpoint_url):
+        raise ConfigError(f"object_store.endpoint_url: expected http:// or https://, got "
+                          f"{spec.endpoint_url!r}")  # fmt: skip
+    return spec
+
+
 def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> Config:
     base = Path(base)
     try:
         top = Section(raw, "")
         server = _server(top.get("server"), base)
+        object_store = _object_store(top.get("object_store"))
         raw_jobs = top.require("jobs")
         if not isinstance(raw_jobs, dict) or not raw_jobs:
             raise ConfigError(f"jobs: expected a mapping of job name to job, got {raw_jobs!r}")
@@ -274,7 +330,7 @@ def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> 
         top.done()
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    return Config(server=server, jobs=tuple(jobs), origin=origin)
+    return Config(server=server, jobs=tuple(jobs), object_store=object_store, origin=origin)
 
 
 def load(path: str | Path) -> Config:

@@ -9,7 +9,11 @@ TokenfeedError
 ├── SourceError            a source object cannot be listed or read        (FAILED_PRECONDITION)
 │   └── SourceChangedError an object changed after its version was pinned
 ├── BadRecordError         a record is malformed and the policy is strict  (FAILED_PRECONDITION)
-└── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
+├── CacheTooSmallError     the cache budget cannot hold a job's working set (FAILED_PRECONDITION)
+├── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
+└── LocalError             this server cannot do it now; another may       (UNAVAILABLE)
+    ├── CacheFullError     pinned entries leave no room under the budget
+    └── ObjectStoreError   object storage failed after every retry
 """
 
 from __future__ import annotations
@@ -51,5 +55,22 @@ class BadRecordError(TokenfeedError):
     """A malformed record under the `strict` policy; the message carries its location."""
 
 
+class CacheTooSmallError(TokenfeedError):
+    """The message gives the bytes needed and the budget (server.cache_bytes)."""
+
+
 class StoreCorruptError(TokenfeedError):
+    pass
+
+
+class LocalError(TokenfeedError):
+    """A failure of this server (its disk, its network path), retried here while clients are
+    sent elsewhere."""
+
+
+class CacheFullError(LocalError):
+    pass
+
+
+class ObjectStoreError(LocalError):
     pass

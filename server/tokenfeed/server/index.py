@@ -17,18 +17,26 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import bestfit, order, packing
+from tokenfeed.server import bestfit, metrics, order, packing
 from tokenfeed.server.chunks import Chunk, plan_chunks
 from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
-from tokenfeed.server.errors import BadRecordError, SourceError, TokenfeedError
+from tokenfeed.server.errors import (
+    BadRecordError,
+    LocalError,
+    SourceChangedError,
+    SourceError,
+    StoreCorruptError,
+    TokenfeedError,
+)
 from tokenfeed.server.readers import BadRecord, read_documents
-from tokenfeed.server.storage import ObjectInfo, store_for
+from tokenfeed.server.storage import ObjectInfo, Storage
 from tokenfeed.server.tokenize import TextTokenizer
-from tokenfeed.server.tokstore import ChunkIndex, TokenStore
+from tokenfeed.server.tokstore import ChunkIndex, ChunkMissing, TokenChunk, TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +51,17 @@ class BuildCancelled(Exception):
 
 class DatasetIndex:
     def __init__(self, spec: JobSpec, dataset: DatasetSpec, store: TokenStore,
-                 tokenizer: TextTokenizer):  # fmt: skip
+                 tokenizer: TextTokenizer, storage: Storage):  # fmt: skip
         self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
+        self.storage = storage
         self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
         self.chunks: list[Chunk] = []
         self.keys: list[str] = []
         self.num_docs = np.zeros(0, dtype=np.int64)
         self.num_tokens = np.zeros(0, dtype=np.int64)
         self.digests: list[str] = []
+        self.body_bytes = np.zeros(0, dtype=np.int64)
+        self.chunk_of: dict[str, int] = {}  # key -> chunk id
         self.bad_records: Counter[str] = Counter()
         self.state, self.error, self.fingerprint = INDEXING, "", ""
         self.rows_per_chunk = np.zeros(0, dtype=np.int64)
@@ -72,6 +83,11 @@ class DatasetIndex:
             try:
                 await self._build_once(executor, parallel)
                 return
+            except LocalError as e:  # this server's cache or network path: retried here
+                log.warning("job %s: %s; retrying in %.0fs", self.name, e, pause)
+                self.error = f"index build failed on this server: {e}"
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_SECONDS[1])
             except TokenfeedError as e:
                 self._fail(str(e))
                 return
@@ -114,41 +130,78 @@ class DatasetIndex:
     def _plan(self) -> None:
         objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
         for source in self.dataset.sources:
-            found = store_for(source.pattern).list(source.pattern)
+            found = self.storage.for_uri(source.pattern).list(source.pattern)
             if not found:
                 raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
             for obj in found:  # an object matched by two patterns is read once, as the first says
                 objects.setdefault(obj.uri, (obj, source))
-        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes)
+        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes, self.storage)
         if not chunks:
             raise SourceError(f"job {self.name}: every source object is empty")
         self.keys = [c.key(self.tokenizer.digest) for c in chunks]
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
         self.digests = [""] * len(chunks)
+        self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
+        self.chunk_of = {key: i for i, key in enumerate(self.keys)}
         self.rows_per_chunk = np.zeros(len(chunks), dtype=np.int64)
         self.chunks = chunks
 
     def _index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
         """Runs in a worker thread: the chunk's entry and the rows it packs into."""
-        entry = self.ensure_chunk(i)
         if self.spec.packing == "concat":
+            entry = self.ensure_chunk(i)
             rows = packing.concat_rows(entry.num_tokens, entry.num_docs, self.spec.seq_len,
                                        self.tokenizer.add_bos)  # fmt: skip
-        else:  # best_fit needs every document's length, not just the totals
-            lengths = self.store.open(self.keys[i]).doc_lengths
-            rows = bestfit.bestfit_rows(lengths, self.spec.seq_len, self.tokenizer.add_bos)
-        return entry, rows
+            return entry, rows
+        # best_fit needs every document's length, not just the totals: the body is opened
+        entry, chunk = self.open_body(i)
+        return entry, bestfit.bestfit_rows(chunk.doc_lengths, self.spec.seq_len,
+                                           self.tokenizer.add_bos)  # fmt: skip
 
-    def ensure_chunk(self, i: int) -> ChunkIndex:
-        """Runs in a worker thread: the chunk's index entry, tokenizing it if it is not stored."""
-        key, chunk = self.keys[i], self.chunks[i]
+    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
+        """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
+        key = self.keys[i]
+        with self.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
+            for _ in range(3):
+                entry = self.ensure_chunk(i, body=True)
+                try:
+                    return entry, self.store.open(key)
+                except StoreCorruptError as e:
+                    log.warning("job %s: %s; re-tokenizing %s", self.name, e,
+                                self.chunks[i].describe())  # fmt: skip
+                except ChunkMissing:
+                    pass
+        raise StoreCorruptError(f"token chunk {key} of {self.chunks[i].describe()} cannot be "
+                                "rebuilt in the cache")  # fmt: skip
+
+    def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
+        """Runs in a worker thread: the chunk's index entry, tokenizing the chunk if it was never
+        stored (or, with `body`, if its tokens are not in the cache). Concurrent callers for
+        one chunk tokenize it once."""
+        key = self.keys[i]
         found = self.store.get_index(key)
-        if found is not None:
+        if found is not None and (not body or self.store.has_body(key)):
             # Possibly stored by a job with the skip policy: the manifest kept the locations.
             self._check_policy(found.bad_examples)
             return found
-        docs = read_documents(store_for(chunk.source.uri), chunk)
+        built: list[ChunkIndex] = []
+        self.store.cache.fill_once("chunk", key, lambda: built.append(self._tokenize(i)))
+        entry = built[0] if built else self.store.get_index(key)
+        if entry is None:
+            raise StoreCorruptError(f"token chunk {key} vanished while it was built")
+        if found is not None and entry.digest != found.digest:
+            raise SourceChangedError(
+                f"job {self.name}: {self.chunks[i].describe()} tokenized to other bytes than "
+                f"when it was indexed ({found.digest} -> {entry.digest}): the source or the "
+                "tokenizer changed; restart the job on a stable corpus"
+            )
+        return entry
+
+    def _tokenize(self, i: int) -> ChunkIndex:
+        key, chunk = self.keys[i], self.chunks[i]
+        started = time.monotonic()
+        docs = read_documents(self.storage.for_uri(chunk.source.uri), chunk)
         self._check_policy([str(b) for b in docs.bad])
         tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
@@ -164,8 +217,13 @@ class DatasetIndex:
             log.warning("job %s: skipped bad record %s", self.name, b, extra=fields)
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
-        return self.store.put(key, tokens, lengths, docs.records, counts, examples,
-                              chunk.describe(), record_ids, docs.data_start)  # fmt: skip
+        entry = self.store.put(key, tokens, lengths, docs.records, counts, examples,
+                               chunk.describe(), record_ids, docs.data_start)  # fmt: skip
+        metrics.TOKENIZED_DOCUMENTS.labels(self.spec.name).inc(len(lengths))
+        metrics.TOKENIZED_TOKENS.labels(self.spec.name).inc(len(tokens))
+        metrics.TOKENIZED_BYTES.labels(self.spec.name).inc(chunk.raw_bytes)
+        metrics.TOKENIZE_SECONDS.labels(self.spec.name).inc(time.monotonic() - started)
+        return entry
 
     def _stop_point(self) -> None:
         if self._cancel.is_set():
@@ -182,8 +240,11 @@ class DatasetIndex:
         self.num_docs[i] = entry.num_docs
         self.num_tokens[i] = entry.num_tokens
         self.digests[i] = entry.digest
+        self.body_bytes[i] = entry.body_bytes
         self.rows_per_chunk[i] = rows
         self.bad_records.update(entry.bad)
+        for reason, n in entry.bad.items():
+            metrics.BAD_RECORDS.labels(self.spec.name, reason).inc(n)
 
     def _finish(self) -> None:
         seq_len, rows = self.spec.seq_len, self.rows_per_chunk

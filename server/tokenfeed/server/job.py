@@ -18,14 +18,23 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import bestfit, order, packing
+from tokenfeed.server import bestfit, metrics, order, packing
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.config import JobSpec
-from tokenfeed.server.errors import JobFailedError, NotReadyError, RequestError, StoreCorruptError
+from tokenfeed.server.errors import (
+    BadRecordError,
+    CacheTooSmallError,
+    JobFailedError,
+    NotReadyError,
+    RequestError,
+    SourceError,
+    StoreCorruptError,
+)
 from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
 from tokenfeed.server.mixture import Phase, Schedule
+from tokenfeed.server.progress import Progress
 from tokenfeed.server.readers import line_number
-from tokenfeed.server.storage import store_for
+from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokenize import TextTokenizer
 from tokenfeed.server.tokstore import TokenChunk, TokenStore
 
@@ -48,6 +57,10 @@ class _LRU:
         with self._lock:
             return key in self._items
 
+    def discard(self, key) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
     def get_or_make(self, key, make: Callable):
         with self._lock:
             if key in self._items:
@@ -62,10 +75,12 @@ class _LRU:
 
 
 class Job:
-    def __init__(self, spec: JobSpec, store: TokenStore):
+    def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None):
         self.spec, self.name, self.store = spec, spec.name, store
-        self.tokenizer = TextTokenizer(spec.tokenizer)
-        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer) for d in spec.datasets]
+        self.storage = storage = storage or Storage()
+        self.tokenizer = TextTokenizer(spec.tokenizer, storage.read_object(spec.tokenizer.path)[1])
+        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage)
+                        for d in spec.datasets]  # fmt: skip
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
         self._ready = asyncio.Event()
@@ -74,6 +89,9 @@ class Job:
         self._windows = _LRU(16 * len(self.indexes))
         self._open = _LRU(256)
         self._fingerprint = ""
+        self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
+        self.progress = Progress()
+        store.cache.on_evict(self._forget)
 
     @property
     def index(self) -> DatasetIndex:
@@ -83,11 +101,14 @@ class Job:
     @property
     def state(self) -> str:
         states = {i.state for i in self.indexes}
-        return FAILED if FAILED in states else READY if states == {READY} else INDEXING
+        if FAILED in states or self._failure:
+            return FAILED
+        return READY if states == {READY} else INDEXING
 
     @property
     def error(self) -> str:
-        return "; ".join(i.error for i in self.indexes if i.error)
+        return "; ".join([i.error for i in self.indexes if i.error] + [self._failure] * bool(
+            self._failure))  # fmt: skip
 
     @property
     def fingerprint(self) -> str:
@@ -106,7 +127,28 @@ class Job:
 
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
         await asyncio.gather(*(i.build(executor, parallel, retry) for i in self.indexes))
+        if all(i.state == READY for i in self.indexes):
+            try:
+                self.store.cache.claim(self.name, self.working_set(parallel), f"job {self.name}")
+            except CacheTooSmallError as e:
+                self._failure = str(e)
+                log.error("job %s failed: %s", self.name, e)
         self._ready.set()
+
+    def working_set(self, parallel: int) -> int:
+        """Cache bytes the job needs to make progress: its largest window of token chunks in
+        each dataset, plus the raw bytes of the chunks being tokenized at once (blocks of
+        objects in object storage) and one more chunk being rebuilt."""
+        total, raw = 0, 0
+        for idx in self.indexes:
+            sizes = np.sort(idx.body_bytes)[::-1]
+            total += int(sizes[: self.spec.window_chunks + 1].sum())
+            remote = [c.raw_bytes for c in idx.chunks if "://" in c.source.uri
+                      and not c.source.uri.startswith("file://")]  # fmt: skip
+            if remote:
+                block = self.storage.object_store.block_bytes
+                raw = max(raw, parallel * (max(remote) + 2 * block))
+        return total + raw
 
     def cancel(self) -> None:
         for i in self.indexes:
@@ -185,14 +227,108 @@ class Job:
                 parts.append((d, epoch, mine[sel], chunk_ids, chunk_rows))
         return per_rank, parts
 
+    # ---------------------------------------------------------------- the future
+
+    def note_request(self, step: int, rank: int, world_size: int) -> None:
+        self.progress.note(step, rank, world_size)
+        metrics.JOB_FURTHEST_STEP.labels(self.name).set(self.progress.furthest)
+
+    async def prefetch(self, executor: Executor, steps: int) -> None:
+        """Keep every chunk of the next `steps` steps past the furthest request in the cache
+        (rebuilding evicted ones), until cancelled."""
+        await self._ready.wait()
+        p = self.progress
+        while steps and self.state == READY:
+            step = max(p.prefetched, p.furthest) + 1
+            if step > max(p.furthest, 0) + steps:
+                await p.changed()
+                continue
+            try:
+                await self._prefetch_step(executor, step)
+            except (SourceError, BadRecordError) as e:
+                self.fail(str(e))
+                return
+            except Exception as e:  # local (cache full, network): requests will say so
+                log.warning("job %s: prefetch of step %d failed: %s", self.name, step, e)
+                await asyncio.sleep(1.0)
+                continue
+            p.prefetched = step
+            metrics.PREFETCH_LEAD_STEPS.labels(self.name).set(max(p.lead_steps, 0))
+            metrics.PREFETCH_LEAD_SECONDS.labels(self.name).set(p.lead_seconds)
+
+    async def _prefetch_step(self, executor: Executor, step: int) -> None:
+        plan = self.plan(step, 0, 1)
+        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        missing = [(d, c) for d, c in needed if not self.store.has_body(self.indexes[d].keys[c])]
+        if missing:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(executor, self.indexes[d].ensure_chunk,
+                                                        c, True) for d, c in missing))  # fmt: skip
+
+    def fail(self, error: str) -> None:
+        """The data refuses the job after it became ready (an object changed under it)."""
+        if not self._failure:
+            self._failure = error
+            log.error("job %s failed: %s", self.name, error)
+
+    def next_use(self, keys: list[str]) -> dict[str, float]:
+        """For the chunks among `keys` that this job reads: steps from its furthest request
+        until it next needs them (eviction.py). Pure arithmetic over the epoch layouts."""
+        if self.state != READY:
+            return {}
+        step = max(self.progress.furthest, 0)
+        consumed, per_step = self.schedule.consumed(step), self.schedule.counts(step)
+        out: dict[str, float] = {}
+        for d, idx in enumerate(self.indexes):
+            ids = np.array([idx.chunk_of[k] for k in keys if k in idx.chunk_of], dtype=np.int64)
+            if not ids.size:
+                continue
+            rows = self._rows_until(d, ids, int(consumed[d]))
+            steps = rows / per_step[d] if per_step[d] else np.full(len(ids), np.inf)
+            out.update(zip((idx.keys[c] for c in ids.tolist()), steps.tolist(), strict=True))
+        return out
+
+    def _rows_until(self, d: int, ids: np.ndarray, position: int) -> np.ndarray:
+        """Rows of dataset d from `position` until the window holding each chunk starts (0 if
+        it is being read), in this epoch or else the next."""
+        idx, window = self.indexes[d], self.spec.window_chunks
+        epoch, within = divmod(position, idx.rows_per_epoch)
+        dist = np.full(len(ids), np.inf)
+        for e in (epoch, epoch + 1):
+            layout = self._layout(d, e)
+            keys = order.round_keys("chunks", self.spec.seed, idx.dataset.name, e)
+            w = order.permute(ids, len(idx.chunks), keys, inverse=True) // window
+            start, end = layout.window_cum[w], layout.window_cum[w + 1]
+            if e == epoch:
+                here = end > within
+                dist[here] = np.maximum(start[here] - within, 0)
+            else:
+                later = np.isinf(dist)
+                dist[later] = idx.rows_per_epoch - within + start[later]
+        return dist
+
+    # ---------------------------------------------------------------- chunks
+
+    def chunk_keys(self, plan) -> list[tuple[str, str]]:
+        """The cache entries a plan reads, to pin while it is served."""
+        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
+
+    def pinned(self, plan):
+        return self.store.cache.pinned(self.chunk_keys(plan))
+
     async def open_chunks(self, plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
         needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
         missing = [key for key in needed if not self._open.contains(key)]
         if missing:
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(executor, self._chunk, d, c)
-                                   for d, c in missing))  # fmt: skip
+            try:
+                await asyncio.gather(*(loop.run_in_executor(executor, self._chunk, d, c)
+                                       for d, c in missing))  # fmt: skip
+            except (SourceError, BadRecordError) as e:
+                self.fail(str(e))
+                raise JobFailedError(str(e)) from e
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, arrays of shape [rows, seq_len]) of one rank's slice."""
@@ -215,12 +351,18 @@ class Job:
     def explain(self, step: int, rank: int, world_size: int) -> list[dict]:
         """Provenance of every row of one rank's batch (reads manifests, may count lines:
         run it off the event loop)."""
-        per_rank, parts = self.plan(step, rank, world_size)
+        plan = self.plan(step, rank, world_size)
+        with self.pinned(plan):
+            return self._explain(plan)
+
+    def _explain(self, plan) -> list[dict]:
+        per_rank, parts = plan
         rows: list[dict] = [{} for _ in range(per_rank)]
         for d, epoch, slots, chunk_ids, chunk_rows in parts:
             idx = self.indexes[d]
             for slot, c, r in zip(slots.tolist(), chunk_ids.tolist(), chunk_rows.tolist(),
                                   strict=True):  # fmt: skip
+                self._chunk(d, c)  # its body (and provenance) in the cache
                 pieces = self._pieces(d, epoch, c, r)
                 record_ids, data_start = self.store.provenance(idx.keys[c])
                 rows[slot] = {
@@ -252,7 +394,8 @@ class Job:
         chunk = idx.chunks[c]
         if chunk.kind == "parquet":
             return f"row {chunk.start + record}"
-        return f"line {line_number(store_for(chunk.source.uri), chunk, data_start, record)}"
+        store = idx.storage.for_uri(chunk.source.uri)
+        return f"line {line_number(store, chunk, data_start, record)}"
 
     def _layout(self, d: int, epoch: int) -> order.EpochLayout:
         def make() -> order.EpochLayout:
@@ -270,17 +413,18 @@ class Job:
         return self._open.get_or_make((d, c), lambda: self._load(d, c))
 
     def _load(self, d: int, c: int) -> TokenChunk:
+        # An evicted or corrupt body is rebuilt: tokenization is deterministic, so the rebuilt
+        # chunk has the same bytes (its digest is checked against the index).
         idx = self.indexes[d]
-        key = idx.keys[c]
-        try:
-            return self._checked(idx, c, self.store.open(key))
-        except StoreCorruptError as e:
-            # Losing a cache entry loses no data: tokenization is deterministic, so the rebuilt
-            # chunk has the same bytes (checked against the index below).
-            log.warning("job %s: %s; re-tokenizing %s", self.name, e, idx.chunks[c].describe())
-            self.store.drop(key, "rebuilding")
-            idx.ensure_chunk(c)
-            return self._checked(idx, c, self.store.open(key))
+        return self._checked(idx, c, idx.open_body(c)[1])
+
+    def _forget(self, entry: tuple[str, str]) -> None:
+        """An evicted body is no longer mapped here (called with the cache's lock held)."""
+        kind, key = entry
+        for d, idx in enumerate(self.indexes):
+            c = idx.chunk_of.get(key) if kind == "chunk" else None
+            if c is not None:
+                self._open.discard((d, c))
 
     @staticmethod
     def _checked(idx: DatasetIndex, c: int, chunk: TokenChunk) -> TokenChunk:

@@ -146,6 +146,13 @@ class Schedule:
         row = plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q]
         return dataset, row
 
+    def consumed(self, step: int) -> np.ndarray:
+        """Rows of each dataset in all global batches before `step`."""
+        plan = self.plan_at(step)
+        return plan.offsets + plan.used(
+            (step - plan.phase.start_step) * plan.phase.global_batch_size
+        )
+
     def counts(self, step: int) -> np.ndarray:
         """Rows of each dataset in the whole global batch of `step` (its apportionment)."""
         plan = self.plan_at(step)

@@ -7,11 +7,12 @@ import collections
 import functools
 import logging
 import math
+import time
 from concurrent.futures import Executor
 
 import grpc
 from tokenfeed.client.wire import encode_tensors
-from tokenfeed.server import errors
+from tokenfeed.server import errors, metrics
 from tokenfeed.server.job import MAX_STEP, READY, Job
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
@@ -26,7 +27,9 @@ STATUS = {
     errors.JobFailedError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.SourceError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.BadRecordError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CacheTooSmallError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
+    errors.LocalError: grpc.StatusCode.UNAVAILABLE,
 }
 _STATES = {"indexing": pb.JOB_STATE_INDEXING, "ready": pb.JOB_STATE_READY,
            "failed": pb.JOB_STATE_FAILED}  # fmt: skip
@@ -50,12 +53,19 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
 
 
 def _unary(method):
+    name = method.__name__
+
     @functools.wraps(method)
     async def wrapper(self, request, context):
+        started = time.perf_counter()
         try:
-            return await method(self, request, context)
+            reply = await method(self, request, context)
         except Exception as exc:  # every failure becomes a status; none reaches grpc raw
-            await _abort(context, exc, method.__name__)
+            metrics.REQUESTS.labels(name, status_for(exc).name).inc()
+            await _abort(context, exc, name)
+        metrics.REQUEST_SECONDS.labels(name).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels(name, "OK").inc()
+        return reply
 
     return wrapper
 
@@ -85,9 +95,14 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     async def _batch(self, job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
         plan = job.plan(step, rank, world_size)
-        await job.open_chunks(plan, self.io)  # disk work, off the event loop
-        epoch, arrays = job.assemble(plan)
+        job.note_request(step, rank, world_size)
+        with job.pinned(plan):  # its chunks stay in the cache until the batch is built
+            await job.open_chunks(plan, self.io)  # disk work, off the event loop
+            epoch, arrays = job.assemble(plan)
         tensors, fingerprint = encode_tensors(arrays)
+        job.progress.tokens_served += plan[0] * job.spec.seq_len
+        metrics.SERVED_TOKENS.labels(job.name).inc(plan[0] * job.spec.seq_len)
+        metrics.SERVED_BYTES.labels(job.name).inc(sum(a.nbytes for a in arrays.values()))
         return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
                         tensors=tensors, fingerprint=fingerprint, epoch=epoch,
                         job_fingerprint=job.fingerprint)  # fmt: skip
@@ -111,9 +126,19 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             # Built inline: measured faster than building ahead in threads, whose GIL
             # contention with the event loop cost more than the overlap gained (bench/).
             for step in range(request.start_step, end):
-                yield await self._batch(job, step, request.rank, ws)
+                started = time.perf_counter()
+                batch = await self._batch(job, step, request.rank, ws)
+                metrics.REQUEST_SECONDS.labels("StreamBatches").observe(
+                    time.perf_counter() - started)  # fmt: skip
+                yield batch
+        except asyncio.CancelledError:  # the client went away
+            metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
+            raise
         except Exception as exc:
+            metrics.REQUESTS.labels("StreamBatches", status_for(exc).name).inc()
             await _abort(context, exc, "StreamBatches")
+        else:
+            metrics.REQUESTS.labels("StreamBatches", "OK").inc()
 
     @_unary
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:

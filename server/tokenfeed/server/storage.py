@@ -1,6 +1,7 @@
 """Object storage behind a tiny interface, chosen by URI scheme.
 
-`file://` URIs and bare paths are served by `LocalStore` (the embedded default: nothing to start).
+`file://` URIs and bare paths are served by `LocalStore` (the embedded default: nothing to start),
+`s3://` URIs by `S3Store` (s3store.py), whose blocks live in the disk cache (cache.py).
 Every object is identified by its URI and pinned by (size, version) the first time it is listed:
 a later read that sees another size or version raises `SourceChangedError` naming the object,
 so a job never mixes two versions of one object.
@@ -10,11 +11,16 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
+from tokenfeed.server.config import ObjectStoreSpec
 from tokenfeed.server.errors import SourceChangedError, SourceError
+
+if TYPE_CHECKING:
+    from tokenfeed.server.cache import BlockFiles
 
 
 @dataclass(frozen=True, order=True)
@@ -91,8 +97,41 @@ class LocalStore:
 _LOCAL = LocalStore()  # stateless: one instance, so per-store caches key on it
 
 
+class Storage:
+    """The stores of one server, by URI scheme. The S3 backend (and boto3) is loaded on the
+    first `s3://` URI; its blocks go to the disk cache when one is given."""
+
+    def __init__(self, object_store: ObjectStoreSpec | None = None,
+                 blocks: BlockFiles | None = None):  # fmt: skip
+        self.object_store = object_store or ObjectStoreSpec()
+        self.blocks = blocks
+        self._s3: ObjectStore | None = None
+        self._lock = threading.Lock()
+
+    def for_uri(self, uri: str) -> ObjectStore:
+        scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+        if scheme == "file":
+            return _LOCAL
+        if scheme == "s3":
+            with self._lock:
+                if self._s3 is None:
+                    from tokenfeed.server.s3store import S3Store  # boto3 only when needed
+
+                    self._s3 = S3Store(self.object_store, self.blocks)
+            return self._s3
+        raise SourceError(
+            f"unsupported URI scheme {scheme!r} in {uri!r}; supported: s3://, file://, paths"
+        )
+
+    def read_object(self, uri: str) -> tuple[ObjectInfo, bytes]:
+        """A whole object (a tokenizer file): its pinned version and bytes."""
+        store = self.for_uri(uri)
+        found = store.list(uri)
+        if len(found) != 1:
+            raise SourceError(f"{uri}: expected one object, found {len(found)}")
+        return found[0], store.read_range(found[0], 0, found[0].size)
+
+
 def store_for(uri: str) -> ObjectStore:
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    if scheme == "file":
-        return _LOCAL
-    raise SourceError(f"unsupported URI scheme {scheme!r} in {uri!r}; supported: file://, paths")
+    """A store for local URIs without a server's configuration (tools, tests)."""
+    return Storage().for_uri(uri)

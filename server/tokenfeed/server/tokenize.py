@@ -25,9 +25,11 @@ ENCODE_BATCH_DOCS = 512
 
 
 class TextTokenizer:
-    def __init__(self, spec: TokenizerSpec):
+    def __init__(self, spec: TokenizerSpec, raw: bytes | None = None):
+        """`raw`: the tokenizer.json's bytes when the caller fetched them (object storage);
+        otherwise read from the local path."""
         try:
-            raw = Path(spec.path).read_bytes()
+            raw = Path(spec.path).read_bytes() if raw is None else raw
         except OSError as e:
             raise ConfigError(f"tokenizer.path: cannot read {spec.path}: {e.strerror}") from e
         try:

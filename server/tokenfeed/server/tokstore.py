@@ -1,12 +1,17 @@
-"""The token store: one Megatron-compatible `.bin`/`.idx` pair per chunk, plus a `.json` manifest.
+"""The token store: one Megatron-compatible `.bin`/`.idx` pair per chunk, the record index of
+each document (`.rec`, for provenance), and a `.json` manifest.
 
 The format is specified in docs/token-store.md; numpy alone reads it. Layout under the cache
-directory: `tokens/<key[:2]>/<key>.{bin,idx,json}` where key is `Chunk.key(tokenizer digest)`.
+directory: `tokens/<key[:2]>/<key>.{bin,idx,rec,json}` where key is `Chunk.key(tokenizer
+digest)`. The three body files are one evictable cache entry; the manifest is kept, so a job's
+index (documents and tokens per chunk) survives evictions and restarts, and an evicted body is
+rebuilt when it is next needed (tokenization is deterministic: the rebuilt digests are checked).
 
 Crash safety: each file is written to a temporary name, flushed, fsynced and renamed; the
-manifest is renamed last and is the commit point. A chunk whose manifest is missing, or whose
-files disagree with the manifest's sizes (on every open) or BLAKE2b digests (on the first open in
-a process), is dropped and rebuilt. Stale temporary files are removed when the store opens.
+manifest is renamed last and is the commit point. On start the store rescans itself: temporary
+files, bodies without a manifest, and bodies whose sizes disagree with their manifest are
+removed. BLAKE2b digests are checked on the first open of a body in a process; a mismatch drops
+the body, which is rebuilt.
 """
 
 from __future__ import annotations
@@ -15,13 +20,12 @@ import hashlib
 import json
 import logging
 import mmap
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenfeed.server.cache import DiskCache, Kind, write_atomic
 from tokenfeed.server.errors import StoreCorruptError
 
 log = logging.getLogger(__name__)
@@ -35,7 +39,7 @@ DTYPE_CODES = {
     np.dtype(np.uint16): 8,
 }  # fmt: skip
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class ChunkIndex:
     bad: dict[str, int]
     bad_examples: list[str]
     digest: str  # of the chunk's .bin and .idx content
+    body_bytes: int  # of its .bin, .idx and .rec files: what it takes in the cache
 
 
 @dataclass(frozen=True)
@@ -98,63 +103,96 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class TokenStore:
-    def __init__(self, root: str | Path):
-        self.root = Path(root) / "tokens"
+    """Token chunks in the disk cache: bodies (`chunk` entries, evictable) and manifests
+    (`manifest` entries, kept: the index of every job is computed from them)."""
+
+    def __init__(self, root: str | Path, cache: DiskCache | None = None):
+        # Without a cache (tools, tests), an unbounded one over the same directory.
+        self.cache = cache if cache is not None else DiskCache(root, 2**62)
+        self.root = self.cache.root / "tokens"
         self.root.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
+        manifests, bodies = self._scan()
+        self.cache.register(Kind("manifest", lambda: manifests, self._delete_all, False))
+        self.cache.register(Kind("chunk", lambda: bodies, self._delete_body))
+
+    def _paths(self, key: str) -> tuple[Path, Path, Path, Path]:
+        d = self.root / key[:2]
+        return d / f"{key}.bin", d / f"{key}.idx", d / f"{key}.rec", d / f"{key}.json"
+
+    def _scan(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """The rescan on start: complete manifests, and bodies whose files match them; partial
+        writes and orphans are removed."""
         for stale in self.root.glob("*/*.tmp"):
             log.info("removing partial write %s", stale)
             stale.unlink(missing_ok=True)
+        manifests, bodies, keep = [], [], set()
+        for meta_path in self.root.glob("*/*.json"):
+            key = meta_path.stem
+            m = self._read_manifest(meta_path)
+            if m is None or m.get("key") != key:
+                log.warning("dropping token chunk %s: unreadable or inconsistent manifest", key)
+                self._delete_all(key)
+                continue
+            keep.add(key)
+            manifests.append((key, meta_path.stat().st_size))
+            if self._body_complete(key, m):
+                bodies.append((key, _body_bytes(m)))
+            else:
+                self._delete_body(key)
+        for path in self.root.glob("*/*.*"):
+            if path.stem not in keep and path.suffix in (".bin", ".idx", ".rec"):
+                path.unlink(missing_ok=True)  # a body whose manifest never landed
+        return manifests, bodies
 
-    def _paths(self, key: str) -> tuple[Path, Path, Path]:
-        d = self.root / key[:2]
-        return d / f"{key}.bin", d / f"{key}.idx", d / f"{key}.json"
+    def _body_complete(self, key: str, m: dict) -> bool:
+        bin_path, idx_path, rec_path, _ = self._paths(key)
+        try:
+            return (bin_path.stat().st_size == m["bin_bytes"]
+                    and idx_path.stat().st_size == m["idx_bytes"]
+                    and rec_path.stat().st_size == m["rec_bytes"])  # fmt: skip
+        except OSError:
+            return False
 
     def put(
         self, key: str, tokens: np.ndarray, lengths: np.ndarray, records: int,
         bad: dict[str, int], bad_examples: list[str], source: str,
         record_ids: np.ndarray | None = None, data_start: int = 0,
     ) -> ChunkIndex:  # fmt: skip
-        bin_path, idx_path, meta_path = self._paths(key)
-        bin_path.parent.mkdir(parents=True, exist_ok=True)
+        bin_path, idx_path, rec_path, meta_path = self._paths(key)
         bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
         idx_bytes = encode_idx(lengths, tokens.dtype)
-        _write_atomic(bin_path, bin_bytes)
-        _write_atomic(idx_path, idx_bytes)
+        if record_ids is None:
+            record_ids = np.arange(len(lengths), dtype=np.int64)
+        rec_bytes = np.asarray(record_ids, dtype="<i8").tobytes()
         manifest = {
             "manifest_version": MANIFEST_VERSION, "key": key, "source": source,
             "num_docs": int(len(lengths)), "num_tokens": int(len(tokens)), "records": records,
             "dtype": tokens.dtype.name, "bad_records": bad, "bad_examples": bad_examples,
             "bin_bytes": len(bin_bytes), "idx_bytes": len(idx_bytes),
-            "data_start": data_start,
-            # per document, its index among the chunk's records: provenance (Explain)
-            "record_ids": [] if record_ids is None else [int(r) for r in record_ids],
+            "rec_bytes": len(rec_bytes), "data_start": data_start,
             "bin_blake2b": hashlib.blake2b(bin_bytes, digest_size=16).hexdigest(),
             "idx_blake2b": hashlib.blake2b(idx_bytes, digest_size=16).hexdigest(),
+            "rec_blake2b": hashlib.blake2b(rec_bytes, digest_size=16).hexdigest(),
         }  # fmt: skip
-        _write_atomic(meta_path, json.dumps(manifest, indent=1).encode())
-        self._verified.add(key)
+        meta_bytes = json.dumps(manifest, indent=1).encode()
+        body = len(bin_bytes) + len(idx_bytes) + len(rec_bytes)
+        with self.cache.reserving(body + len(meta_bytes), f"token chunk {key}"):
+            write_atomic(bin_path, bin_bytes)
+            write_atomic(idx_path, idx_bytes)
+            write_atomic(rec_path, rec_bytes)
+            write_atomic(meta_path, meta_bytes)  # the commit point
+            self._verified.add(key)
+            self.cache.commit("manifest", key, len(meta_bytes))
+            self.cache.commit("chunk", key, body)
         return self._index(manifest)
 
     @staticmethod
     def _index(m: dict) -> ChunkIndex:
         return ChunkIndex(
             m["key"], m["num_docs"], m["num_tokens"], m["records"], m["bad_records"],
-            m["bad_examples"], f"{m['bin_blake2b']}:{m['idx_blake2b']}",
+            m["bad_examples"], f"{m['bin_blake2b']}:{m['idx_blake2b']}", _body_bytes(m),
         )  # fmt: skip
 
     @staticmethod
@@ -167,60 +205,69 @@ class TokenStore:
                 m["manifest_version"] == MANIFEST_VERSION
                 and m["bin_bytes"] == t * itemsize
                 and m["idx_bytes"] == 34 + 12 * n + 8 * (n + 1)
+                and m["rec_bytes"] == 8 * n
                 and isinstance(m["bad_records"], dict)
                 and isinstance(m["bad_examples"], list)
-                and all(isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b"))
+                and all(
+                    isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b", "rec_blake2b")
+                )  # fmt: skip
             )
         except (TypeError, KeyError, ValueError):
             return False
 
+    def _read_manifest(self, path: Path) -> dict | None:
+        try:
+            m = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return m if self._consistent(m) else None
+
     def _manifest(self, key: str) -> dict | None:
-        bin_path, idx_path, meta_path = self._paths(key)
-        try:
-            m = json.loads(meta_path.read_bytes())
-        except FileNotFoundError:
+        path = self._paths(key)[3]
+        if not path.exists():
             return None
-        except (OSError, ValueError) as e:
-            self.drop(key, f"unreadable manifest: {e}")
-            return None
-        try:
-            ok = (
-                self._consistent(m)
-                and bin_path.stat().st_size == m["bin_bytes"]
-                and idx_path.stat().st_size == m["idx_bytes"]
-            )
-        except OSError:
-            ok = False
-        if not ok:
-            self.drop(key, "files disagree with the manifest")
-            return None
+        m = self._read_manifest(path)
+        if m is None:
+            self.drop(key, "unreadable or inconsistent manifest")
         return m
 
-    def provenance(self, key: str) -> tuple[list[int], int]:
-        """(record index of each document, byte offset of the chunk's first record)."""
-        m = self._manifest(key)
-        if m is None:
-            raise StoreCorruptError(f"token chunk {key} is missing or incomplete")
-        return m.get("record_ids", []), m.get("data_start", 0)
-
     def get_index(self, key: str) -> ChunkIndex | None:
-        """The chunk's manifest if the chunk is stored whole; None if it must be (re)built."""
+        """The chunk's manifest if it was ever stored whole (its body may since be evicted)."""
         m = self._manifest(key)
         return None if m is None else self._index(m)
 
-    def open(self, key: str) -> TokenChunk:
+    def has_body(self, key: str) -> bool:
+        return self.cache.contains("chunk", key)
+
+    def provenance(self, key: str) -> tuple[np.ndarray, int]:
+        """(record index of each document, byte offset of the chunk's first record)."""
         m = self._manifest(key)
-        if m is None:
+        if m is None or not self.has_body(key):
             raise StoreCorruptError(f"token chunk {key} is missing or incomplete")
-        bin_path, idx_path, _ = self._paths(key)
+        rec_path = self._paths(key)[2]
+        return np.fromfile(rec_path, dtype="<i8"), m["data_start"]
+
+    def open(self, key: str) -> TokenChunk:
+        """The chunk's tokens, memory-mapped (a hit or miss for the cache's counts)."""
+        m = self._manifest(key)
+        if m is None or not self.cache.lookup("chunk", key):
+            raise ChunkMissing(f"token chunk {key} is not in the cache")
+        bin_path, idx_path, rec_path, _ = self._paths(key)
+        if not self._body_complete(key, m):  # sizes on every open, digests once
+            self.drop(key, "files disagree with the manifest's sizes", body_only=True)
+            raise StoreCorruptError(f"token chunk {key} files disagree with its manifest")
         if key not in self._verified:
-            if _digest(bin_path) != m["bin_blake2b"] or _digest(idx_path) != m["idx_blake2b"]:
-                self.drop(key, "checksum mismatch")
+            digests = (_digest(bin_path), _digest(idx_path), _digest(rec_path))
+            if digests != (m["bin_blake2b"], m["idx_blake2b"], m["rec_blake2b"]):
+                self.drop(key, "checksum mismatch", body_only=True)
                 raise StoreCorruptError(f"token chunk {key} failed its checksum and was dropped")
             self._verified.add(key)
-        dtype, lengths, pointers = decode_idx(idx_path.read_bytes())
+        try:
+            dtype, lengths, pointers = decode_idx(idx_path.read_bytes())
+        except FileNotFoundError:
+            raise ChunkMissing(f"token chunk {key} was evicted while opening") from None
         if len(lengths) != m["num_docs"] or int(lengths.sum()) != m["num_tokens"]:
-            self.drop(key, "index disagrees with the manifest")
+            self.drop(key, "index disagrees with the manifest", body_only=True)
             raise StoreCorruptError(f"token chunk {key} index disagrees with its manifest")
         tokens = np.zeros(0, dtype=dtype)
         if m["num_tokens"]:
@@ -231,8 +278,28 @@ class TokenStore:
             tokens = np.frombuffer(mapped, dtype=dtype.newbyteorder("<"))
         return TokenChunk(tokens, pointers // dtype.itemsize, lengths)
 
-    def drop(self, key: str, why: str) -> None:
+    def drop(self, key: str, why: str, body_only: bool = False) -> None:
+        """Remove a corrupt chunk: its body, or everything (then it is re-tokenized)."""
         log.warning("dropping token chunk %s: %s", key, why)
+        self.cache.remove("chunk", key, why)
+        if not body_only:
+            self.cache.remove("manifest", key, why)
+
+    def _delete_body(self, key: str) -> None:
+        self._verified.discard(key)
+        for path in self._paths(key)[:3]:
+            path.unlink(missing_ok=True)
+
+    def _delete_all(self, key: str) -> None:
+        """The manifest first: without it the body is an orphan, removed on the next scan."""
         self._verified.discard(key)
         for path in reversed(self._paths(key)):
             path.unlink(missing_ok=True)
+
+
+class ChunkMissing(Exception):
+    """The chunk's body is not in the cache (evicted, or never built): build it."""
+
+
+def _body_bytes(m: dict) -> int:
+    return m["bin_bytes"] + m["idx_bytes"] + m["rec_bytes"]

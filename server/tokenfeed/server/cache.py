@@ -1,0 +1,381 @@
+"""The disk cache's mechanics: one directory, one byte budget, entries of several kinds.
+
+Kinds: `block` (aligned byte ranges of objects fetched from object storage, stored here),
+`chunk` (a token chunk's body: `.bin`, `.idx`, `.rec`, stored by tokstore.py) and `manifest`
+(a token chunk's small JSON manifest: counted in the budget, never evicted, since the index a
+job is computed from must survive evictions and restarts).
+
+- Budget: before an entry is written, its size is reserved, evicting until
+  `used + reserved + size <= budget`; so the directory never holds more than the budget, even
+  while writes are in flight. If the pinned and unevictable entries leave no room, the write
+  fails with `CacheFullError` giving the bytes needed: never a wait that could deadlock.
+- Pins: an entry being read is pinned (a count) and never evicted.
+- Single flight: concurrent misses on one key run the fill once; the others wait for it.
+- Which entry to evict is not decided here: the policy (eviction.py) ranks candidates by when
+  they will next be needed. Ties and entries the policy does not know go least recently used
+  first.
+- On start every kind rescans its files (dropping temporary and corrupt ones) and reports the
+  entries it keeps.
+
+Lock order: `DiskCache._lock` is never held while calling a fill function; deleters and the
+policy are called with it held and must not call back into the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenfeed.server import metrics
+from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
+
+log = logging.getLogger(__name__)
+
+EntryKey = tuple[str, str]  # (kind, key)
+# Next use of each candidate, in steps from now (math.inf: not needed again as far as known).
+Policy = Callable[[list[EntryKey]], list[float]]
+
+
+@dataclass
+class _Entry:
+    size: int
+    evictable: bool
+    used: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one kind of entry lives on disk: `scan()` yields (key, size) of the complete entries
+    it keeps (dropping partial ones), `delete(key)` removes an entry's files."""
+
+    name: str
+    scan: Callable[[], Iterable[tuple[str, int]]]
+    delete: Callable[[str], None]
+    evictable: bool = True
+
+
+class DiskCache:
+    def __init__(self, root: str | Path, budget: int):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._entries: dict[EntryKey, _Entry] = {}
+        self._pins: dict[EntryKey, int] = {}
+        self._claims: dict[str, int] = {}
+        self._kinds: dict[str, Kind] = {}
+        self._reserved = 0
+        self._inflight: dict[EntryKey, threading.Event] = {}
+        self._policy: Policy | None = None
+        self._listeners: list[Callable[[EntryKey], None]] = []
+        self.evictions = 0
+        metrics.CACHE_BUDGET_BYTES.set(budget)
+
+    # ------------------------------------------------------------ setup
+
+    def register(self, kind: Kind) -> None:
+        """Adopt a kind and the complete entries it finds on disk (the rescan on start)."""
+        found = list(kind.scan())
+        with self._lock:
+            self._kinds[kind.name] = kind
+            for key, size in found:
+                self._entries[(kind.name, key)] = _Entry(size, kind.evictable)
+            self._publish()
+        if found:
+            log.info("cache: kept %d %s entries (%d bytes) from %s",
+                     len(found), kind.name, sum(s for _, s in found), self.root)  # fmt: skip
+        self._shrink_to_budget()
+
+    def set_policy(self, policy: Policy) -> None:
+        self._policy = policy
+
+    def on_evict(self, listener: Callable[[EntryKey], None]) -> None:
+        """Called (lock held) after an entry is evicted or dropped, e.g. to forget a mapping."""
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------ reads
+
+    def lookup(self, kind: str, key: str) -> bool:
+        """Whether the entry is present, counting a hit or a miss."""
+        with self._lock:
+            entry = self._entries.get((kind, key))
+            if entry is not None:
+                entry.used = time.monotonic()
+        (metrics.CACHE_HITS if entry is not None else metrics.CACHE_MISSES).labels(kind).inc()
+        return entry is not None
+
+    def contains(self, kind: str, key: str) -> bool:
+        with self._lock:
+            return (kind, key) in self._entries
+
+    @contextmanager
+    def pinned(self, entries: Iterable[EntryKey]) -> Iterator[None]:
+        """Entries (present or not yet) that must not be evicted while the block runs."""
+        entries = list(entries)
+        self._pin(entries, +1)
+        try:
+            yield
+        finally:
+            self._pin(entries, -1)
+
+    def _pin(self, entries: list[EntryKey], delta: int) -> None:
+        with self._lock:  # pins may precede the entry: a chunk about to be (re)built
+            for e in entries:
+                n = self._pins.get(e, 0) + delta
+                if n:
+                    self._pins[e] = n
+                else:
+                    del self._pins[e]
+            self._publish()
+
+    def fill_once(self, kind: str, key: str, fill: Callable[[], None]) -> None:
+        """Run `fill` (which must commit the entry) unless the entry is present, once however
+        many threads miss the same key at the same time."""
+        while True:
+            with self._lock:
+                if (kind, key) in self._entries:
+                    return
+                waiting = self._inflight.get((kind, key))
+                if waiting is None:
+                    done = self._inflight[(kind, key)] = threading.Event()
+            if waiting is not None:
+                waiting.wait()
+                continue  # the filler may have failed: check again, maybe fill ourselves
+            try:
+                fill()
+                return
+            finally:
+                with self._lock:
+                    del self._inflight[(kind, key)]
+                done.set()
+
+    # ------------------------------------------------------------ writes
+
+    @contextmanager
+    def reserving(self, size: int, why: str) -> Iterator[None]:
+        """Room for `size` bytes of files written inside the block (then `commit` them)."""
+        with self._lock:
+            self._make_room(size, why)
+            self._reserved += size
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved -= size
+
+    def commit(self, kind: str, key: str, size: int) -> None:
+        """Account for a complete entry whose files are in place (written under `reserving`)."""
+        with self._lock:
+            self._entries[(kind, key)] = _Entry(size, self._kinds[kind].evictable)
+            self._publish()
+
+    def remove(self, kind: str, key: str, why: str) -> None:
+        """Forget a partial or corrupt entry (its files are deleted by the kind)."""
+        with self._lock:
+            self._kinds[kind].delete(key)
+            if self._entries.pop((kind, key), None) is not None:
+                metrics.CACHE_DROPPED.labels(kind).inc()
+                for listener in self._listeners:
+                    listener((kind, key))
+            self._publish()
+        log.warning("cache: dropped %s %s: %s", kind, key, why)
+
+    def write_bytes(self, kind: str, key: str, path: Path, data: bytes) -> None:
+        """A single-file entry: written to a temporary file, fsynced, renamed, committed."""
+        with self.reserving(len(data), f"{kind} {key}"):
+            write_atomic(path, data)
+            self.commit(kind, key, len(data))
+
+    def claim(self, owner: str, working_set: int, what: str) -> None:
+        """Reserve room for an owner's working set (a job's largest windows and its reads in
+        flight), refusing if the claims and the unevictable entries exceed the budget."""
+        with self._lock:
+            others = sum(v for k, v in self._claims.items() if k != owner)
+            fixed = sum(e.size for e in self._entries.values() if not e.evictable)
+            need = others + fixed + working_set
+            if need > self.budget:
+                raise CacheTooSmallError(
+                    f"disk cache budget {self.budget} bytes (server.cache_bytes) cannot hold "
+                    f"the working set of {what}: {working_set} bytes, beside {others} bytes "
+                    f"claimed by other jobs and {fixed} bytes of manifests; it needs at least "
+                    f"{need} bytes"
+                )
+            self._claims[owner] = working_set
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return sum(e.size for e in self._entries.values())
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """kind -> (entries, bytes)."""
+        with self._lock:
+            return self._usage_locked()
+
+    def _usage_locked(self) -> dict[str, tuple[int, int]]:
+        out = {name: (0, 0) for name in self._kinds}
+        for (kind, _), e in self._entries.items():
+            n, b = out.get(kind, (0, 0))
+            out[kind] = (n + 1, b + e.size)
+        return out
+
+    def _publish(self) -> None:
+        """Gauges from the current entries (lock held)."""
+        for kind, (n, b) in self._usage_locked().items():
+            metrics.CACHE_ENTRIES.labels(kind).set(n)
+            metrics.CACHE_BYTES.labels(kind).set(b)
+        pinned = sum(self._entries[k].size for k in self._pins if k in self._entries)
+        metrics.CACHE_PINNED_BYTES.set(pinned)
+
+    # ------------------------------------------------------------ eviction
+
+    def _shrink_to_budget(self) -> None:
+        """After a rescan with a smaller budget than before: evict down to the budget."""
+        with self._lock:
+            try:
+                self._make_room(0, "rescan")
+            except CacheFullError as e:
+                log.warning("cache: %s", e)
+
+    def _make_room(self, size: int, why: str) -> None:
+        """Evict until `size` more bytes fit (lock held)."""
+        used = sum(e.size for e in self._entries.values())
+        excess = used + self._reserved + size - self.budget
+        if excess <= 0:
+            return
+        candidates = [k for k, e in self._entries.items() if e.evictable and k not in self._pins]
+        if sum(self._entries[k].size for k in candidates) < excess:
+            stuck = used - sum(self._entries[k].size for k in candidates)
+            raise CacheFullError(
+                f"disk cache budget {self.budget} bytes cannot hold {size} more bytes for "
+                f"{why}: {stuck} bytes are pinned or unevictable and {self._reserved} reserved "
+                f"for writes in flight; the cache needs at least {stuck + self._reserved + size} "
+                f"bytes (server.cache_bytes)"
+            )
+        for victim in self._victims(candidates, excess):
+            entry = self._entries.pop(victim)
+            self._kinds[victim[0]].delete(victim[1])
+            self.evictions += 1
+            metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
+            metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(entry.size)
+            for listener in self._listeners:
+                listener(victim)
+        self._publish()
+
+    def _victims(self, candidates: list[EntryKey], excess: int) -> list[EntryKey]:
+        """Furthest next use first (Belady); unknown or never-again before anything known;
+        least recently used first among equals."""
+        future = self._policy(candidates) if self._policy else [math.inf] * len(candidates)
+        ranked = sorted(zip(candidates, future, strict=True),
+                        key=lambda kf: (-kf[1], self._entries[kf[0]].used))  # fmt: skip
+        victims, freed = [], 0
+        for key, _ in ranked:
+            if freed >= excess:
+                break
+            victims.append(key)
+            freed += self._entries[key].size
+        return victims
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temporary file in the same directory, flushed, fsynced, renamed over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class BlockFiles:
+    """The `block` kind: one file per block, named `<key>.<blake2b of content>.blk`, so a
+    rename publishes content and checksum together. Sizes are checked on the rescan, checksums
+    on the first read in a process."""
+
+    KIND = "block"
+
+    def __init__(self, cache: DiskCache):
+        self.cache = cache
+        self.dir = cache.root / "blocks"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._names: dict[str, Path] = {}
+        self._verified: set[str] = set()
+        self._lock = threading.Lock()
+        cache.register(Kind(self.KIND, self._scan, self._delete))
+
+    def _scan(self) -> Iterator[tuple[str, int]]:
+        for path in self.dir.glob("*/*"):
+            parts = path.name.split(".")
+            if len(parts) != 3 or parts[2] != "blk":
+                log.info("cache: removing partial write %s", path)
+                path.unlink(missing_ok=True)
+                continue
+            self._names[parts[0]] = path
+            yield parts[0], path.stat().st_size
+
+    def _delete(self, key: str) -> None:
+        with self._lock:
+            path = self._names.pop(key, None)
+            self._verified.discard(key)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def get(self, key: str, fill: Callable[[], bytes]) -> bytes:
+        """The block's bytes: from disk, or from `fill()` (run once per key at a time)."""
+        while True:
+            if self.cache.lookup(self.KIND, key):
+                with self.cache.pinned([(self.KIND, key)]):
+                    data = self._read(key)
+                if data is not None:
+                    return data
+                continue  # dropped as corrupt: fetch again
+            fetched: list[bytes] = []
+            self.cache.fill_once(
+                self.KIND, key, lambda out=fetched: out.append(self._fill(key, fill))
+            )
+            if fetched:
+                return fetched[0]
+
+    def _fill(self, key: str, fill: Callable[[], bytes]) -> bytes:
+        data = fill()
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        path = self.dir / key[:2] / f"{key}.{digest}.blk"
+        with self._lock:
+            self._names[key] = path
+            self._verified.add(key)
+        self.cache.write_bytes(self.KIND, key, path, data)
+        return data
+
+    def _read(self, key: str) -> bytes | None:
+        with self._lock:
+            path = self._names.get(key)
+        try:
+            data = path.read_bytes() if path is not None else None
+        except OSError:
+            data = None
+        if data is None:
+            self.cache.remove(self.KIND, key, "file missing")
+            return None
+        if key not in self._verified:
+            if hashlib.blake2b(data, digest_size=16).hexdigest() != path.name.split(".")[1]:
+                self.cache.remove(self.KIND, key, f"checksum mismatch in {path}")
+                return None
+            with self._lock:
+                self._verified.add(key)
+        return data

@@ -1,0 +1,221 @@
+"""The HTTP port for operators: `/metrics` (Prometheus text format) and `/` (a status page).
+
+The status page is one HTML document with inline CSS and no scripts or external assets, so it
+renders anywhere a browser can reach the port (a `kubectl port-forward` included): each job's
+state, build progress, furthest step, each rank's latest step, prefetch lead, cache use,
+throughput over the last minute and the most recent warnings and errors. `/status.json` gives
+the same content as JSON.
+
+Runs in its own thread; it reads job state without locks (counters and snapshots of dicts:
+a page may be a moment stale, never inconsistent enough to matter).
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tokenfeed.server import metrics
+from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.job import READY, Job
+
+log = logging.getLogger(__name__)
+
+RECENT_EVENTS = 50
+_SAMPLE_SECONDS, _WINDOW_SECONDS = 5.0, 60.0
+
+
+class RecentEvents(logging.Handler):
+    """The last warnings and errors, for the status page."""
+
+    def __init__(self, size: int = RECENT_EVENTS):
+        super().__init__(logging.WARNING)
+        self.events: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=size)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append((record.created, record.levelname.lower(), record.getMessage()))
+
+
+class _Throughput:
+    """Tokens served per second over the last minute, sampled in the background."""
+
+    def __init__(self, jobs: dict[str, Job]):
+        self.jobs = jobs
+        self.samples: collections.deque[tuple[float, dict[str, float]]] = collections.deque(
+            maxlen=int(_WINDOW_SECONDS / _SAMPLE_SECONDS) + 1
+        )
+        self.sample()
+
+    def sample(self) -> None:
+        totals = {n: job.progress.tokens_served for n, job in self.jobs.items()}
+        self.samples.append((time.monotonic(), totals))
+
+    def rate(self, job: str) -> float:
+        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        return (last[job] - first[job]) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def refresh_gauges(jobs: dict[str, Job]) -> None:
+    """Job gauges read from the jobs at scrape time."""
+    for name, job in jobs.items():
+        state = job.state
+        metrics.JOB_READY.labels(name).set(int(state == READY))
+        metrics.JOB_FAILED.labels(name).set(int(state == "failed"))
+        metrics.JOB_CHUNKS.labels(name).set(job.num_chunks)
+        metrics.JOB_CHUNKS_BUILT.labels(name).set(job.chunks_indexed)
+        p = job.progress
+        metrics.PREFETCH_LEAD_STEPS.labels(name).set(max(p.lead_steps, 0))
+        metrics.PREFETCH_LEAD_SECONDS.labels(name).set(p.lead_seconds)
+
+
+def status(jobs: dict[str, Job], events: RecentEvents, throughput: _Throughput) -> dict:
+    cache = next(iter(jobs.values())).store.cache if jobs else None
+    out = {"time": time.time(), "jobs": [], "cache": None, "events": []}
+    for name, job in sorted(jobs.items()):
+        p = job.progress
+        ranks = sorted(dict(p.ranks).items())
+        out["jobs"].append({
+            "name": name, "state": job.state, "error": job.error,
+            "fingerprint": job.fingerprint, "chunks": job.num_chunks,
+            "chunks_built": job.chunks_indexed, "furthest_step": p.furthest,
+            "prefetched_step": p.prefetched, "lead_steps": p.lead_steps,
+            "lead_seconds": round(p.lead_seconds, 3), "step_rate": round(p.step_rate, 3),
+            "tokens_per_second": round(throughput.rate(name), 1),
+            "ranks": [{"rank": r, "world_size": w, "step": s, "seen": t}
+                      for (r, w), (s, t) in ranks],
+        })  # fmt: skip
+    if cache is not None:
+        out["cache"] = {
+            "budget_bytes": cache.budget, "used_bytes": cache.used,
+            "evictions": cache.evictions,
+            "kinds": {k: {"entries": n, "bytes": b} for k, (n, b) in cache.usage().items()},
+        }  # fmt: skip
+    out["events"] = [{"time": t, "level": lvl, "message": m} for t, lvl, m in events.events]
+    return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _when(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def render(s: dict) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>tokenfeed status</title>",
+        "<style>body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}"
+        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;"
+        "padding:.25em .6em;text-align:left}th{background:#f3f3f3}.ready{color:#070}"
+        ".failed{color:#b00}.indexing{color:#a60}.bar{background:#eee;width:12em;height:.8em}"
+        ".bar div{background:#47a;height:100%}</style></head><body>",
+        f"<h1>tokenfeed</h1><p>as of {_when(s['time'])}</p><h2>Jobs</h2>",
+    ]
+    for j in s["jobs"]:
+        built = j["chunks_built"] / j["chunks"] if j["chunks"] else 0.0
+        parts.append(
+            f"<h3 id='job-{e(j['name'])}'>{e(j['name'])} "
+            f"<span class='{e(j['state'])}'>{e(j['state'])}</span></h3><table>"
+            f"<tr><th>build progress</th><td><div class='bar'><div style='width:"
+            f"{100 * built:.0f}%'></div></div>{j['chunks_built']} / {j['chunks']} chunks</td></tr>"
+            f"<tr><th>furthest step</th><td>{j['furthest_step']}</td></tr>"
+            f"<tr><th>prefetch lead</th><td>{j['lead_steps']} steps, {j['lead_seconds']} s</td>"
+            f"</tr><tr><th>step rate</th><td>{j['step_rate']} steps/s</td></tr>"
+            f"<tr><th>throughput</th><td>{j['tokens_per_second']:,.0f} tokens/s (last minute)"
+            f"</td></tr><tr><th>fingerprint</th><td><code>{e(j['fingerprint'])}</code></td></tr>"
+        )
+        if j["error"]:
+            parts.append(f"<tr><th>error</th><td class='failed'>{e(j['error'])}</td></tr>")
+        parts.append("</table>")
+        if j["ranks"]:
+            parts.append("<table><tr><th>rank</th><th>world size</th><th>latest step</th>"
+                         "<th>last request</th></tr>")  # fmt: skip
+            parts += [f"<tr><td>{r['rank']}</td><td>{r['world_size']}</td><td>{r['step']}</td>"
+                      f"<td>{_when(r['seen'])}</td></tr>" for r in j["ranks"]]  # fmt: skip
+            parts.append("</table>")
+    c = s["cache"]
+    if c is not None:
+        parts.append(
+            f"<h2>Disk cache</h2><table><tr><th>use</th><td>{_mib(c['used_bytes'])} of "
+            f"{_mib(c['budget_bytes'])}</td></tr><tr><th>evictions</th><td>{c['evictions']}"
+            "</td></tr>"
+        )
+        parts += [f"<tr><th>{e(k)}</th><td>{v['entries']} entries, {_mib(v['bytes'])}</td></tr>"
+                  for k, v in sorted(c["kinds"].items())]  # fmt: skip
+        parts.append("</table>")
+    parts.append("<h2>Recent warnings and errors</h2>")
+    if s["events"]:
+        parts.append("<table><tr><th>time</th><th>level</th><th>message</th></tr>")
+        parts += [f"<tr><td>{_when(ev['time'])}</td><td>{e(ev['level'])}</td>"
+                  f"<td>{e(ev['message'])}</td></tr>" for ev in reversed(s["events"])]  # fmt: skip
+        parts.append("</table>")
+    else:
+        parts.append("<p>none</p>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+class StatusServer:
+    def __init__(self, listen: str, jobs: dict[str, Job]):
+        host, _, port = listen.rpartition(":")
+        self.jobs, self.events, self.throughput = jobs, RecentEvents(), _Throughput(jobs)
+        logging.getLogger().addHandler(self.events)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    refresh_gauges(outer.jobs)
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.REGISTRY))
+                elif path in ("/", "/status"):
+                    page = render(status(outer.jobs, outer.events, outer.throughput))
+                    self._send(200, "text/html; charset=utf-8", page.encode())
+                elif path == "/status.json":
+                    body = json.dumps(status(outer.jobs, outer.events, outer.throughput))
+                    self._send(200, "application/json", body.encode())
+                else:
+                    self._send(404, "text/plain", b"not found: try /, /metrics, /status.json\n")
+
+            def _send(self, code: int, kind: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:  # scrapes are not news
+                pass
+
+        try:
+            self.httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"server.metrics_listen: cannot listen on {listen!r}: {e}") from e
+        self.httpd.daemon_threads = True
+        self.address = f"{host or '0.0.0.0'}:{self.httpd.server_address[1]}"
+        self._stop = threading.Event()
+        threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True).start()
+        threading.Thread(target=self._sample, name="throughput", daemon=True).start()
+        log.info("metrics and status page on http://%s/", self.address)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(_SAMPLE_SECONDS):
+            self.throughput.sample()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        logging.getLogger().removeHandler(self.events)
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def start_http(listen: str, jobs: dict[str, Job]) -> StatusServer:
+    return StatusServer(listen, jobs)
