@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from s3env import fault_proxy, faults, moto_server, s3_bucket  # noqa: F401
 from support import ServerProcess, job_spec, write_config, write_jsonl
 from tokenfeed.server import democorpus
 

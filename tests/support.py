@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -17,11 +18,14 @@ DATA = Path(__file__).parent / "data"
 TOKENIZER = DATA / "tokenizer.json"
 
 
-def write_config(path: Path, jobs: dict[str, dict], cache_dir: Path, **server) -> Path:
+def write_config(path: Path, jobs: dict[str, dict], cache_dir: Path,
+                 object_store: dict | None = None, **server) -> Path:  # fmt: skip
     raw = {
         "server": {"listen": "127.0.0.1:0", "cache_dir": str(cache_dir), **server},
         "jobs": jobs,
     }
+    if object_store is not None:
+        raw["object_store"] = object_store
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
@@ -54,7 +58,9 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(config),
                "--ready-file", str(self.ready), *extra]  # fmt: skip
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The S3-compatible test server takes any credentials; boto3 finds these in its chain.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
         while not self.ready.exists():
@@ -62,7 +68,8 @@ class ServerProcess:
                 self.proc.kill()
                 raise RuntimeError(f"server did not start:\n{self.log()}")
             time.sleep(0.02)
-        self.address = json.loads(self.ready.read_text())["address"]
+        ready = json.loads(self.ready.read_text())
+        self.address, self.metrics = ready["address"], ready.get("metrics", "")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -89,6 +96,22 @@ class ServerProcess:
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
+
+
+def scrape(address: str) -> dict[tuple[str, tuple], float]:
+    """A real scrape of a server's metrics port: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+
+
+def metric(samples: dict, name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and set(labels.items()) <= set(ls))  # fmt: skip
 
 
 def batch_bytes(batch) -> dict[str, bytes]:

@@ -104,13 +104,14 @@ class DiskCache:
 
     # ------------------------------------------------------------ reads
 
-    def lookup(self, kind: str, key: str) -> bool:
-        """Whether the entry is present, counting a hit or a miss."""
+    def lookup(self, kind: str, key: str, count: bool = True) -> bool:
+        """Whether the entry is present (marking it used), counting a hit or a miss."""
         with self._lock:
             entry = self._entries.get((kind, key))
             if entry is not None:
                 entry.used = time.monotonic()
-        (metrics.CACHE_HITS if entry is not None else metrics.CACHE_MISSES).labels(kind).inc()
+        if count:
+            (metrics.CACHE_HITS if entry is not None else metrics.CACHE_MISSES).labels(kind).inc()
         return entry is not None
 
     def contains(self, kind: str, key: str) -> bool:
@@ -210,6 +211,10 @@ class DiskCache:
                     f"{need} bytes"
                 )
             self._claims[owner] = working_set
+
+    def release(self, owner: str) -> None:
+        with self._lock:
+            self._claims.pop(owner, None)
 
     # ------------------------------------------------------------ state
 

@@ -107,6 +107,9 @@ class DatasetIndex:
         loop = asyncio.get_running_loop()
         if not self.chunks:
             await loop.run_in_executor(executor, self._plan)
+            self.store.cache.claim(self.raw_claim, self.raw_working_set(parallel),
+                                   f"job {self.name} (the raw data of {parallel} chunks "
+                                   "tokenized at once)")  # fmt: skip
         n = len(self.chunks)
         keys = order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
         todo = [int(i) for i in order.permute(np.arange(n), n, keys) if self.num_docs[i] < 0]
@@ -126,6 +129,20 @@ class DatasetIndex:
         if self._cancel.is_set():
             raise BuildCancelled
         self._finish()
+
+    @property
+    def raw_claim(self) -> str:
+        return f"{self.name}#raw"
+
+    def raw_working_set(self, parallel: int) -> int:
+        """Cache bytes for the raw data of `parallel` chunks tokenized at once: their source
+        bytes rounded out to blocks (only for objects that are fetched into the cache)."""
+        remote = [c.raw_bytes for c in self.chunks if c.source.uri.startswith("s3://")]
+        if not remote:
+            return 0
+        return min(parallel, len(remote)) * (
+            max(remote) + 2 * self.storage.object_store.block_bytes
+        )
 
     def _plan(self) -> None:
         objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
@@ -163,6 +180,7 @@ class DatasetIndex:
         """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
         key = self.keys[i]
         with self.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
+            self.store.cache.lookup("chunk", key)  # a hit, or a miss that rebuilds the body
             for _ in range(3):
                 entry = self.ensure_chunk(i, body=True)
                 try:

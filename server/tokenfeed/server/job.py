@@ -128,26 +128,23 @@ class Job:
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
         await asyncio.gather(*(i.build(executor, parallel, retry) for i in self.indexes))
         if all(i.state == READY for i in self.indexes):
+            for idx in self.indexes:  # the job's claim covers its raw data too
+                self.store.cache.release(idx.raw_claim)
             try:
                 self.store.cache.claim(self.name, self.working_set(parallel), f"job {self.name}")
             except CacheTooSmallError as e:
-                self._failure = str(e)
-                log.error("job %s failed: %s", self.name, e)
+                self.fail(str(e))
         self._ready.set()
 
     def working_set(self, parallel: int) -> int:
         """Cache bytes the job needs to make progress: its largest window of token chunks in
-        each dataset, plus the raw bytes of the chunks being tokenized at once (blocks of
-        objects in object storage) and one more chunk being rebuilt."""
+        each dataset (plus one chunk being rebuilt), and the raw data of the chunks being
+        tokenized at once."""
         total, raw = 0, 0
         for idx in self.indexes:
             sizes = np.sort(idx.body_bytes)[::-1]
             total += int(sizes[: self.spec.window_chunks + 1].sum())
-            remote = [c.raw_bytes for c in idx.chunks if "://" in c.source.uri
-                      and not c.source.uri.startswith("file://")]  # fmt: skip
-            if remote:
-                block = self.storage.object_store.block_bytes
-                raw = max(raw, parallel * (max(remote) + 2 * block))
+            raw = max(raw, idx.raw_working_set(parallel))
         return total + raw
 
     def cancel(self) -> None:

@@ -49,6 +49,18 @@ _NETWORK_ERRORS = (
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
+def _network_reason(e: BaseException) -> str:
+    """A body cut short surfaces as a streaming or incomplete-read error (from botocore or
+    urllib3, possibly chained); a timeout names itself; the rest are resets and refusals."""
+    chain = []
+    while e is not None and len(chain) < 5:
+        chain.append(type(e).__name__.lower())
+        e = e.__cause__ or e.__context__
+    if any("incompleteread" in n or "streaming" in n for n in chain):
+        return "short_body"
+    return "timeout" if any("timeout" in n for n in chain) else "reset"
+
+
 class _Retry(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
@@ -101,7 +113,7 @@ class S3Store:
         config = botocore.config.Config(
             region_name=spec.region,
             s3={"addressing_style": spec.addressing_style},
-            retries={"max_attempts": 1, "mode": "standard"},  # ours count and verify
+            retries={"total_max_attempts": 1, "mode": "standard"},  # ours count and verify
             connect_timeout=spec.connect_timeout_seconds,
             read_timeout=spec.read_timeout_seconds,
             max_pool_connections=2 * spec.max_concurrency + 4,
@@ -125,8 +137,7 @@ class S3Store:
             except bce.ClientError as e:
                 reason, detail = self._classify(e, what)
             except _NETWORK_ERRORS as e:
-                reason, detail = ("timeout" if "timeout" in type(e).__name__.lower() else "reset",
-                                  f"{type(e).__name__}: {e}")  # fmt: skip
+                reason, detail = _network_reason(e), f"{type(e).__name__}: {e}"
             else:
                 metrics.OBJECT_SECONDS.labels(op).observe(time.monotonic() - start)
                 metrics.OBJECT_REQUESTS.labels(op, "ok").inc()

@@ -248,9 +248,9 @@ class TokenStore:
         return np.fromfile(rec_path, dtype="<i8"), m["data_start"]
 
     def open(self, key: str) -> TokenChunk:
-        """The chunk's tokens, memory-mapped (a hit or miss for the cache's counts)."""
+        """The chunk's tokens, memory-mapped."""
         m = self._manifest(key)
-        if m is None or not self.cache.lookup("chunk", key):
+        if m is None or not self.cache.lookup("chunk", key, count=False):
             raise ChunkMissing(f"token chunk {key} is not in the cache")
         bin_path, idx_path, rec_path, _ = self._paths(key)
         if not self._body_complete(key, m):  # sizes on every open, digests once

@@ -1,0 +1,152 @@
+"""Disk cache mechanics on real files: budget, pins, single flight, rescan, eviction order."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenfeed.server.cache import BlockFiles, DiskCache
+from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
+from tokenfeed.server.tokstore import TokenStore
+
+
+def files_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def put_block(blocks: BlockFiles, key: str, size: int, fill_byte: int = 1) -> bytes:
+    return blocks.get(key, lambda: bytes([fill_byte]) * size)
+
+
+def test_budget_is_never_exceeded_and_least_recent_goes_first(tmp_path):
+    cache = DiskCache(tmp_path, budget=1000)
+    blocks = BlockFiles(cache)
+    for i in range(10):
+        put_block(blocks, f"k{i}", 300)
+        assert files_bytes(tmp_path) <= 1000
+    assert cache.evictions == 7
+    assert cache.contains("block", "k9") and not cache.contains("block", "k6")
+    assert cache.usage()["block"] == (3, 900)
+
+
+def test_policy_evicts_what_is_needed_furthest_in_the_future(tmp_path):
+    cache = DiskCache(tmp_path, budget=1000)
+    blocks = BlockFiles(cache)
+    next_use = {"near": 1.0, "far": 50.0, "never": math.inf}
+    cache.set_policy(lambda cands: [next_use.get(k, 0.0) for _, k in cands])
+    for key in ("never", "far", "near"):
+        put_block(blocks, key, 300)
+    put_block(blocks, "new", 300)  # needs room for one: the never-again entry goes
+    assert not cache.contains("block", "never")
+    put_block(blocks, "new2", 300)
+    assert not cache.contains("block", "far") and cache.contains("block", "near")
+
+
+def test_pinned_entries_are_never_evicted_and_a_full_cache_says_what_it_needs(tmp_path):
+    cache = DiskCache(tmp_path, budget=1000)
+    blocks = BlockFiles(cache)
+    put_block(blocks, "a", 400)
+    put_block(blocks, "b", 400)
+    with cache.pinned([("block", "a"), ("block", "b")]):
+        with pytest.raises(CacheFullError, match=r"needs at least 1200 bytes"):
+            put_block(blocks, "c", 400)
+    assert cache.contains("block", "a") and cache.contains("block", "b")
+    put_block(blocks, "c", 400)  # unpinned: now one of them can go
+    assert files_bytes(tmp_path) <= 1000
+
+
+def test_pins_taken_before_an_entry_exists_hold_once_it_does(tmp_path):
+    cache = DiskCache(tmp_path, budget=700)
+    blocks = BlockFiles(cache)
+    with cache.pinned([("block", "later")]):
+        put_block(blocks, "later", 300)
+        put_block(blocks, "x", 300)
+        put_block(blocks, "y", 300)  # must evict x, not the pinned entry
+        assert cache.contains("block", "later") and not cache.contains("block", "x")
+
+
+def test_concurrent_misses_on_one_key_fill_once(tmp_path):
+    blocks = BlockFiles(DiskCache(tmp_path, budget=10**6))
+    calls = []
+
+    def slow_fill() -> bytes:
+        calls.append(1)
+        time.sleep(0.2)
+        return b"z" * 100
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(blocks.get("k", slow_fill)))
+               for _ in range(8)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert results == [b"z" * 100] * 8
+
+
+def test_a_failed_fill_lets_the_next_caller_try_again(tmp_path):
+    blocks = BlockFiles(DiskCache(tmp_path, budget=10**6))
+
+    def broken() -> bytes:
+        raise OSError("network down")
+
+    with pytest.raises(OSError):
+        blocks.get("k", broken)
+    assert blocks.get("k", lambda: b"ok") == b"ok"
+
+
+def test_rescan_keeps_complete_blocks_and_drops_partial_and_corrupt_ones(tmp_path):
+    blocks = BlockFiles(DiskCache(tmp_path, budget=10**6))
+    put_block(blocks, "good", 100, 7)
+    put_block(blocks, "bad", 100, 8)
+    (bad_file,) = (tmp_path / "blocks").rglob("bad.*.blk")
+    bad_file.write_bytes(b"\x09" * 100)  # same size, other content: the name's digest differs
+    partial = tmp_path / "blocks" / "zz" / "zzz.blk.abc.tmp"
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"half")
+
+    cache = DiskCache(tmp_path, budget=10**6)
+    fresh = BlockFiles(cache)
+    assert not partial.exists()
+    assert cache.contains("block", "good") and cache.contains("block", "bad")
+    assert fresh.get("good", lambda: pytest.fail("refetched a good block")) == b"\x07" * 100
+    # The corrupt one is caught on its first read in the new process, dropped and refetched.
+    assert fresh.get("bad", lambda: b"\x08" * 100) == b"\x08" * 100
+    assert [p.read_bytes() for p in (tmp_path / "blocks").rglob("bad.*.blk")] == [b"\x08" * 100]
+
+
+def test_rescan_with_a_smaller_budget_evicts_down_to_it(tmp_path):
+    blocks = BlockFiles(DiskCache(tmp_path, budget=10**6))
+    for i in range(5):
+        put_block(blocks, f"k{i}", 300)
+    cache = DiskCache(tmp_path, budget=700)
+    BlockFiles(cache)
+    assert cache.used <= 700 and files_bytes(tmp_path) <= 700
+
+
+def test_token_chunks_share_the_budget_and_manifests_are_kept(tmp_path):
+    cache = DiskCache(tmp_path, budget=5000)
+    store = TokenStore(tmp_path, cache)
+    tokens = np.arange(200, dtype=np.int32)  # 800 bytes of tokens per chunk
+    lengths = np.array([100, 100], dtype=np.int32)
+    keys = [f"{i:02d}" + "ab" * 15 for i in range(6)]
+    for key in keys:
+        store.put(key, tokens, lengths, 2, {}, [], "src")
+        assert files_bytes(tmp_path) <= 5000
+    assert cache.evictions > 0
+    evicted = [k for k in keys if not store.has_body(k)]
+    assert evicted and all(store.get_index(k) is not None for k in keys)
+
+
+def test_claims_refuse_a_working_set_the_budget_cannot_hold(tmp_path):
+    cache = DiskCache(tmp_path, budget=1000)
+    cache.claim("a", 600, "job a")
+    with pytest.raises(CacheTooSmallError, match=r"job b: 500 bytes.*at least 1100 bytes"):
+        cache.claim("b", 500, "job b")
+    cache.claim("a", 300, "job a")  # a job's claim replaces its earlier one
+    cache.claim("b", 500, "job b")
