@@ -27,19 +27,22 @@ from tokenfeed.client import errors as client_errors
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
-STEPS = 40  # about two epochs of the test corpus at 8 rows of 64 tokens
+# Every 8th step of the first epoch of the test corpus (329 steps of 8 rows of 64 tokens), the
+# last steps before and the first after the epoch boundary, and a few of the second epoch.
+STEPS = [*range(0, 329, 8), 327, 328, 329, 330, 400, 555]
 
 
 @pytest.fixture(scope="module")
 def local_batches(tmp_path_factory, corpus) -> dict[int, dict[str, bytes]]:
-    """Steps 0..STEPS of job `main` over the corpus on local files: the reference."""
+    """STEPS of job `main` over the corpus on local files: the reference."""
     tmp = tmp_path_factory.mktemp("local")
     cfg = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache")
     proc = ServerProcess(cfg, tmp / "server.log")
     try:
         assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
         with proc.client("main") as c:
-            return {s: batch_bytes(c.get_batch(s)) for s in range(STEPS)}
+            assert c.describe()["steps_per_epoch"] == 329  # STEPS assumes it
+            return {s: batch_bytes(c.get_batch(s)) for s in STEPS}
     finally:
         assert proc.stop() == 0, proc.log()
 
@@ -63,7 +66,7 @@ def s3_server(tmp: Path, endpoint: str, bucket: str, *, cache_dir: Path | None =
     return ServerProcess(cfg, tmp / f"server.{time.monotonic_ns()}.log")
 
 
-def fetch_all(proc: ServerProcess, steps=range(STEPS)) -> dict[int, dict[str, bytes]]:
+def fetch_all(proc: ServerProcess, steps=STEPS) -> dict[int, dict[str, bytes]]:
     with proc.client("main", timeout=60) as c:
         return {s: batch_bytes(c.get_batch(s)) for s in steps}
 

@@ -161,6 +161,21 @@ class DiskCache:
 
     # ------------------------------------------------------------ writes
 
+    def admits(self, entry: EntryKey, size: int) -> bool:
+        """Whether a new entry is worth caching: not if, to make room for it, Belady's rule
+        would evict the entry itself first (it is needed later than everything it would
+        displace). An entry pinned by a reader is always admitted."""
+        with self._lock:
+            if entry in self._pins or self._policy is None:
+                return True
+            excess = sum(e.size for e in self._entries.values()) + self._reserved + size
+            excess -= self.budget
+            if excess <= 0:
+                return True
+            candidates = [k for k, e in self._entries.items()
+                          if e.evictable and k not in self._pins]  # fmt: skip
+            return entry not in self._victims(candidates + [entry], excess, {entry: size})
+
     @contextmanager
     def reserving(self, size: int, why: str) -> Iterator[None]:
         """Room for `size` bytes of files written inside the block (then `commit` them)."""
@@ -278,18 +293,27 @@ class DiskCache:
                 listener(victim)
         self._publish()
 
-    def _victims(self, candidates: list[EntryKey], excess: int) -> list[EntryKey]:
+    def _victims(self, candidates: list[EntryKey], excess: int,
+                 incoming: dict[EntryKey, int] | None = None) -> list[EntryKey]:  # fmt: skip
         """Furthest next use first (Belady); unknown or never-again before anything known;
-        least recently used first among equals."""
+        least recently used first among equals (an incoming entry counts as just used)."""
+        incoming = incoming or {}
         future = self._policy(candidates) if self._policy else [math.inf] * len(candidates)
-        ranked = sorted(zip(candidates, future, strict=True),
-                        key=lambda kf: (-kf[1], self._entries[kf[0]].used))  # fmt: skip
+        now = time.monotonic()
+
+        def size(k: EntryKey) -> int:
+            return incoming[k] if k in incoming else self._entries[k].size
+
+        def used(k: EntryKey) -> float:
+            return now if k in incoming else self._entries[k].used
+
+        ranked = sorted(zip(candidates, future, strict=True), key=lambda kf: (-kf[1], used(kf[0])))
         victims, freed = [], 0
         for key, _ in ranked:
             if freed >= excess:
                 break
             victims.append(key)
-            freed += self._entries[key].size
+            freed += size(key)
         return victims
 
 

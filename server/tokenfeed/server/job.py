@@ -271,7 +271,7 @@ class Job:
     def next_use(self, keys: list[str]) -> dict[str, float]:
         """For the chunks among `keys` that this job reads: steps from its furthest request
         until it next needs them (eviction.py). Pure arithmetic over the epoch layouts."""
-        if self.state != READY:
+        if self.state == FAILED:
             return {}
         step = max(self.progress.furthest, 0)
         consumed, per_step = self.schedule.consumed(step), self.schedule.counts(step)
@@ -280,7 +280,15 @@ class Job:
             ids = np.array([idx.chunk_of[k] for k in keys if k in idx.chunk_of], dtype=np.int64)
             if not ids.size:
                 continue
+            if idx.state != READY:
+                # Rows per chunk are not all known yet: rank by place in epoch 0's chunk order
+                # (the order of the build and of the first steps).
+                order_keys = order.round_keys("chunks", self.spec.seed, idx.dataset.name, 0)
+                places = order.permute(ids, len(idx.chunks), order_keys, inverse=True)
+                out.update(zip((idx.keys[c] for c in ids.tolist()), places.tolist(), strict=True))
+                continue
             rows = self._rows_until(d, ids, int(consumed[d]))
+            rows[idx.rows_per_chunk[ids] == 0] = np.inf  # packs to no row: never read
             steps = rows / per_step[d] if per_step[d] else np.full(len(ids), np.inf)
             out.update(zip((idx.keys[c] for c in ids.tolist()), steps.tolist(), strict=True))
         return out

@@ -178,14 +178,19 @@ class TokenStore:
         }  # fmt: skip
         meta_bytes = json.dumps(manifest, indent=1).encode()
         body = len(bin_bytes) + len(idx_bytes) + len(rec_bytes)
-        with self.cache.reserving(body + len(meta_bytes), f"token chunk {key}"):
-            write_atomic(bin_path, bin_bytes)
-            write_atomic(idx_path, idx_bytes)
-            write_atomic(rec_path, rec_bytes)
+        # A body needed later than everything it would displace is not kept (Belady's bypass):
+        # the manifest is, so the index is complete and the body is rebuilt when it is due.
+        keep = self.cache.admits(("chunk", key), body)
+        with self.cache.reserving(body * keep + len(meta_bytes), f"token chunk {key}"):
+            if keep:
+                write_atomic(bin_path, bin_bytes)
+                write_atomic(idx_path, idx_bytes)
+                write_atomic(rec_path, rec_bytes)
             write_atomic(meta_path, meta_bytes)  # the commit point
-            self._verified.add(key)
             self.cache.commit("manifest", key, len(meta_bytes))
-            self.cache.commit("chunk", key, body)
+            if keep:
+                self._verified.add(key)
+                self.cache.commit("chunk", key, body)
         return self._index(manifest)
 
     @staticmethod

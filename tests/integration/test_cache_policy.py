@@ -1,0 +1,112 @@
+"""The cache uses the known future: next-use distances agree with the batches actually served,
+and prefetch keeps the chunks of the next steps in the cache before they are asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import yaml
+from support import ServerProcess, job_spec, metric, scrape, write_config
+from tokenfeed.server import config as configmod
+from tokenfeed.server.app import build_jobs
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("policy")
+    path = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache")
+    raw = yaml.safe_load(path.read_text())
+    job = build_jobs(configmod.from_dict(raw))["main"]
+    with ThreadPoolExecutor(2) as pool:
+        asyncio.run(job.build_index(pool, 2, retry=False))
+    assert job.state == "ready", job.error
+    return job
+
+
+def first_use(job, start: int, steps: int) -> dict[str, int]:
+    """Brute force: the first step at or after `start` whose global batch reads each chunk."""
+    seen: dict[str, int] = {}
+    for step in range(start, start + steps):
+        for d, _, _, chunk_ids, _ in job.plan(step, 0, 1)[1]:
+            for c in chunk_ids.tolist():
+                seen.setdefault(job.indexes[d].keys[c], step)
+    return seen
+
+
+@pytest.mark.parametrize("furthest", [0, 7, 30])
+def test_next_use_agrees_with_the_batches_served(job, furthest):
+    job.progress.furthest = furthest
+    keys = job.index.keys
+    estimate = job.next_use(keys)
+    actual = first_use(job, furthest, 3 * job.steps_per_epoch)
+    assert set(estimate) == set(keys)
+    never = set(keys) - set(actual)  # chunks too short to pack into one row
+    assert all(estimate[k] == float("inf") for k in never)
+    window_of = {}
+    for key in actual:
+        # Never later than the truth: a chunk is needed from the start of its window on (the
+        # estimate is in steps, with the row's place within its step as the fraction).
+        assert int(estimate[key]) <= actual[key] - furthest, key
+        window_of.setdefault(estimate[key], []).append(actual[key])
+    # Windows ranked by the estimate are first read in that order.
+    firsts = [min(window_of[e]) for e in sorted(window_of)]
+    assert firsts == sorted(firsts)
+    # The chunks read right now rank nearest, the furthest ones are evicted first.
+    nearest = min(actual, key=estimate.get)
+    assert actual[nearest] == furthest
+    assert max(estimate[k] for k in actual) > 0
+
+
+def status(proc: ServerProcess) -> dict:
+    with urllib.request.urlopen(f"http://{proc.metrics}/status.json", timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.parametrize("prefetch_steps", [0, 5])
+def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefetch_steps):
+    # A budget well below the corpus's token chunks: most of them are evicted after the build.
+    cfg = write_config(tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])},
+                       tmp_path / "cache", cache_bytes="200KiB", metrics_listen="127.0.0.1:0",
+                       prefetch_steps=prefetch_steps)  # fmt: skip
+    proc = ServerProcess(cfg, tmp_path / "server.log")
+    try:
+        info = proc.wait_ready("main")
+        assert info["state"] == "JOB_STATE_READY", proc.log()
+        # The last step of the epoch before a window boundary: the chunks of the next steps are
+        # needed last of all, so the build evicted them; the next steps read chunks this one did
+        # not.
+        assert info["fingerprint"] == job.fingerprint  # the same job as the in-process one
+        chunks = [set(first_use(job, s, 1)) for s in range(job.steps_per_epoch)]
+        start = next(s for s in range(job.steps_per_epoch - 6, 0, -1)
+                     if set().union(*chunks[s + 1 : s + 6]) - chunks[s])  # fmt: skip
+        with proc.client("main") as c:
+            c.get_batch(start)
+            if prefetch_steps:
+                deadline = time.monotonic() + 30
+                while status(proc)["jobs"][0]["lead_steps"] < prefetch_steps:
+                    assert time.monotonic() < deadline, status(proc)
+                    time.sleep(0.05)
+            else:
+                time.sleep(1.0)  # what prefetch would have had
+            before = scrape(proc.metrics)
+            later = [c.get_batch(s) for s in range(start + 1, start + 6)]
+            after = scrape(proc.metrics)
+        misses = (metric(after, "tokenfeed_cache_misses_total", kind="chunk")
+                  - metric(before, "tokenfeed_cache_misses_total", kind="chunk"))  # fmt: skip
+        assert metric(after, "tokenfeed_cache_evictions_total", kind="chunk") > 0
+        assert len(later) == 5
+        if prefetch_steps:
+            assert misses == 0
+            assert metric(after, "tokenfeed_job_prefetch_lead_steps", job="main") >= 0
+            assert status(proc)["jobs"][0]["furthest_step"] == start + 5
+        else:
+            assert misses > 0  # the control: without prefetch the same steps wait on rebuilds
+        assert np.isfinite(metric(after, "tokenfeed_cache_bytes"))
+    finally:
+        assert proc.stop() == 0, proc.log()
