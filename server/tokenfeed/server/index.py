@@ -208,6 +208,8 @@ class DatasetIndex:
         entry = built[0] if built else self.store.get_index(key)
         if entry is None:
             raise StoreCorruptError(f"token chunk {key} vanished while it was built")
+        if not built:  # built by another job, whose policy may differ from ours
+            self._check_policy(entry.bad_examples)
         if found is not None and entry.digest != found.digest:
             raise SourceChangedError(
                 f"job {self.name}: {self.chunks[i].describe()} tokenized to other bytes than "
