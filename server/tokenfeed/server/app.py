@@ -96,9 +96,10 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     address = _listen(server, config.server.listen)
     http = start_http(config.server.metrics_listen, jobs) if config.server.metrics_listen else None
     await server.start()
-    metrics.SERVING.set(1)
+    # Health says SERVING once every job's index is built (READY or FAILED): before that a
+    # request could only be told UNAVAILABLE, so probes and load balancers should look elsewhere.
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     log.info("serving %d job(s) %s on %s", len(jobs), sorted(jobs), address)
     if ready_file:
         tmp = Path(ready_file + ".tmp")
@@ -110,6 +111,16 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     builds = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
     builds += [asyncio.create_task(job.prefetch(tokenize, config.server.prefetch_steps))
                for job in jobs.values()]  # fmt: skip
+
+    async def serving() -> None:
+        await asyncio.gather(*(job.built() for job in jobs.values()))
+        if not stop.is_set():
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            metrics.SERVING.set(1)
+            log.info("health: SERVING")
+
+    builds.append(asyncio.create_task(serving()))
     await stop.wait()
     metrics.SERVING.set(0)
 

@@ -57,8 +57,11 @@ class _Throughput:
         self.samples.append((time.monotonic(), totals))
 
     def rate(self, job: str) -> float:
-        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
-        return (last[job] - first[job]) / (t1 - t0) if t1 > t0 else 0.0
+        """From the oldest sample kept (up to a minute ago) to now."""
+        t0, first = self.samples[0]
+        elapsed = time.monotonic() - t0
+        served = self.jobs[job].progress.tokens_served - first[job]
+        return served / elapsed if elapsed > 0 else 0.0
 
 
 def refresh_gauges(jobs: dict[str, Job]) -> None:

@@ -136,6 +136,10 @@ class Job:
                 self.fail(str(e))
         self._ready.set()
 
+    async def built(self) -> None:
+        """Returns once the index build has ended, READY or FAILED."""
+        await self._ready.wait()
+
     def working_set(self, parallel: int) -> int:
         """Cache bytes the job needs to make progress: its largest window of token chunks in
         each dataset (plus one chunk being rebuilt), and the raw data of the chunks being

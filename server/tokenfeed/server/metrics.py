@@ -45,7 +45,8 @@ SERVED_BYTES = Counter(
     "tokenfeed_served_bytes_total", "Tensor bytes sent to trainers.", ["job"], registry=REGISTRY
 )
 SERVING = Gauge(
-    "tokenfeed_serving", "1 while the server accepts requests, 0 while it drains.",
+    "tokenfeed_serving",
+    "1 while health is SERVING (every job's index built), 0 before that and while draining.",
     registry=REGISTRY,
 )  # fmt: skip
 
