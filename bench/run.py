@@ -1,7 +1,9 @@
 """tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization overhead, the
-client's own costs in a fleet (decoding, waiting on data, failover), and packing.
+client's own costs in a fleet (decoding, waiting on data, failover), packing, and serving from
+object storage through the disk cache.
 
-    python -m bench.run [--quick]      (from the repository root; `make bench`, `make bench-quick`)
+    python -m bench.run [--quick] [--only SECTION ...]
+                                       (from the repository root; `make bench`, `make bench-quick`)
 
 Prints one table per section. Targets are printed beside the figures and never asserted: the
 machine this runs on decides the absolute numbers, the ratios are what the targets are about.
@@ -17,8 +19,9 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import client, mixture, packing, serving, tokenization
+from bench import client, mixture, objstore, packing, serving, tokenization
 from bench.client import ClientResult
+from bench.objstore import ObjstoreResult
 from bench.packing import PackingResult
 from bench.serving import ServingResult
 from bench.stats import median, paired_ratio, percentile
@@ -28,18 +31,23 @@ from bench.tokenization import TokenizationResult
 OUT = Path(__file__).resolve().parent / "out"
 SERVING_TARGET = 0.70
 TOKENIZE_TARGET = 0.85
+FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
+WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
+SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore")
 
 QUICK = (
     serving.ServingSizes(rounds=3, unary_calls=100, stream_steps=105),
     tokenization.TokenizationSizes(copies=1, repeats=3),
     client.ClientSizes(decodes=200, handoffs=2000, trainer_steps=250, rounds=2, failovers=3),
     packing.PackingSizes(repeats=3, calls=100),
+    objstore.ObjstoreSizes(copies=4, rounds=2),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
     tokenization.TokenizationSizes(copies=4, repeats=7),
     client.ClientSizes(decodes=1000, handoffs=10000, trainer_steps=500, rounds=5, failovers=7),
     packing.PackingSizes(repeats=7, calls=500),
+    objstore.ObjstoreSizes(copies=10, rounds=5),
 )
 
 
@@ -50,6 +58,14 @@ def cores() -> int:
 
 def target(value: float, goal: float) -> str:
     return f">= {goal:.2f} ({'met' if value >= goal else 'missed'})"
+
+
+def at_most(value: float, goal: float) -> str:
+    return f"<= {goal:.2f} ({'met' if value <= goal else 'missed'})"
+
+
+def within(value: float, low: float, high: float) -> str:
+    return f"{low:.2f}-{high:.2f} ({'met' if low <= value <= high else 'missed'})"
 
 
 def serving_table(r: ServingResult) -> str:
@@ -201,11 +217,85 @@ def packing_table(r: PackingResult) -> str:
     return f"{render(title, header, rows)}\n{notes}"
 
 
+def objstore_table(r: ObjstoreResult) -> str:
+    cold, warm = r.cold, r.warm
+
+    def paired(label: str, figure: str, starts: dict, digits: int, goal=None) -> list[str]:
+        s3, local = ([getattr(s, figure) for s in starts[side]] for side in objstore.SIDES)
+        ratio = paired_ratio(s3, local)
+        return [label, number(median(s3), digits), number(median(local), digits),
+                number(ratio, 2), goal(ratio) if goal else ""]  # fmt: skip
+
+    def s3_only(label: str, values: list[float], digits: int, goal: str = "") -> list[str]:
+        return [label, number(median(values), digits), "-", "", goal]
+
+    fetched = [s.fetched_bytes / r.needed_bytes for s in cold["s3"]]
+    requests = " / ".join(number(median([s.requests[op] for s in warm["s3"]]))
+                          for op in objstore.OPS)  # fmt: skip
+    rows = [
+        paired("cold start: time to first batch (s)", "first_batch", cold, 2),
+        paired("cold start: GetBatch tokens/s", "rate", cold, 0),
+        paired("warm restart: time to first batch (s)", "first_batch", warm, 2),
+        paired("warm restart: GetBatch tokens/s", "rate", warm, 0,
+               lambda v: within(v, *WARM_RANGE)),
+        s3_only("cold start: bytes fetched / bytes needed", fetched, 3,
+                at_most(median(fetched), FETCH_TARGET)),
+        s3_only("cold start: GET requests per chunk", [s.gets / s.num_chunks for s in cold["s3"]],
+                2),
+        s3_only("warm restart: bytes fetched", [s.fetched_bytes for s in warm["s3"]], 0),
+        ["warm restart: GET / HEAD / LIST requests", requests, "-", "", ""],
+        ["batches unlike local files' (every step)", str(r.mismatches()), "-", "", "0"],
+    ]  # fmt: skip
+    c, first = r.corpus, cold["s3"][0]
+    block, chunk = objstore.BLOCK_BYTES // 2**10, objstore.CHUNK_BYTES // 2**20
+    title = (
+        f"6. Object storage and the disk cache: S3 (moto {version('moto')} on loopback) against "
+        "local files, same job\n"
+        f"   corpus: {len(c.paths)} objects, {c.source_bytes / 1e6:.2f} MB ({c.jsonl} JSON Lines "
+        f"cut at about {objstore.OBJECT_BYTES / 2**20:g} MiB, {c.zst} .jsonl.zst, {c.parquet} "
+        f"Parquet of {objstore.PARQUET_ROW_GROUPS} row groups), {c.docs:,} docs; tokenizer.json "
+        f"{r.tokenizer_bytes / 1e3:.0f} KB, from the bucket too\n"
+        f"   object_store.block_bytes {block} KiB, chunk_bytes {chunk} MiB: {first.num_chunks} "
+        f"chunks; seq_len {serving.SEQ_LEN} x {serving.GLOBAL_BATCH} rows, {r.steps_per_epoch} "
+        "steps per epoch\n"
+        f"   a new `tokenfeed serve` per start; medians of {len(fetched)} rounds (which side "
+        "starts first alternates); ratios: median of the rounds' ratios"
+    )
+    table = render(title, ["", "S3", "local files", "S3/local", "target"], rows)
+    stops = r.stops()
+    bad = [s.describe() for s in stops if s.returncode != 0]
+    shutdown = (f"all {len(stops)} servers exited 0, at most "
+                f"{max(s.seconds for s in stops):.2f}s after SIGTERM" if not bad
+                else "; ".join(bad))  # fmt: skip
+    notes = (
+        "time to first batch: from launching the process to the answer for step 0, the client "
+        "retrying while the job indexes;\n"
+        "  cold: an empty cache, the whole corpus fetched and tokenized; warm: a new process on "
+        "the cache the cold one left\n"
+        "tokens/s: GetBatch, one client, the steps of the first epoch after step 0 (every chunk "
+        "read once by the process)\n"
+        "bytes needed: the source objects and tokenizer.json, each once (an epoch reads every "
+        f"chunk): {r.needed_bytes:,}; fetched: tokenfeed_object_store_bytes_total after the epoch"
+        f"\n  per round: {', '.join(f'{v:.3f}' for v in fetched)}\n"
+        'GET requests: tokenfeed_object_store_requests_total{op="get"} (every attempt) / '
+        "DescribeJob's num_chunks\n"
+        f"shutdown: {shutdown}"
+    )
+    return f"{table}\n{notes}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument(
+        "--only", action="append", choices=SECTIONS, metavar="SECTION",
+        help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
+    )  # fmt: skip
     args = parser.parse_args()
-    serving_sizes, tokenize_sizes, client_sizes, packing_sizes = QUICK if args.quick else FULL
+    only = set(args.only or SECTIONS)
+    serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes = (
+        QUICK if args.quick else FULL
+    )
     threads = cores()
     OUT.mkdir(parents=True, exist_ok=True)
 
@@ -213,12 +303,19 @@ def main() -> None:
           f"Python {platform.python_version()}, grpcio {version('grpcio')}, "
           f"tokenizers {version('tokenizers')}; working files in {OUT}\n", flush=True)  # fmt: skip
     start = time.perf_counter()
-    served = serving.run(serving_sizes, OUT, threads)
-    print(serving_table(served) + "\n", flush=True)
-    print(tokenization_table(tokenization.run(tokenize_sizes, OUT, threads)) + "\n", flush=True)
-    print(client_table(client.run(client_sizes, OUT, threads)) + "\n", flush=True)
-    print(packing_table(packing.run(packing_sizes)) + "\n")
-    print(mixture.mixture_table(50 if args.quick else 200) + "\n")
+    if "serving" in only:
+        print(serving_table(serving.run(serving_sizes, OUT, threads)) + "\n", flush=True)
+    if "tokenization" in only:
+        tokenized = tokenization.run(tokenize_sizes, OUT, threads)
+        print(tokenization_table(tokenized) + "\n", flush=True)
+    if "client" in only:
+        print(client_table(client.run(client_sizes, OUT, threads)) + "\n", flush=True)
+    if "packing" in only:
+        print(packing_table(packing.run(packing_sizes)) + "\n", flush=True)
+    if "mixture" in only:
+        print(mixture.mixture_table(50 if args.quick else 200) + "\n", flush=True)
+    if "objstore" in only:
+        print(objstore_table(objstore.run(objstore_sizes, OUT, threads)) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 
