@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: env demo test check lint protos bench bench-quick clean
+.PHONY: env tools demo test check lint protos bench bench-quick clean
 
 env: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 demo: env
 	$(PY) -m tokenfeed.server.demo
 
-test: env
+# External tools for the deploy tests (promtool, docker compose, chromium) into .tools/.
+tools:
+	bash scripts/install_tools.sh
+
+test: env tools
 	$(PY) -m pytest -q
 
 lint: env

@@ -1,0 +1,58 @@
+"""The deployment guide, the README link, the tool installer and the Makefile wiring."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from deploy_support import DEPLOY, K8S, ROOT, manifest, run
+from tokenfeed.server import config as configmod
+from tokenfeed.server.app import check_budget
+
+GUIDE = ROOT / "docs" / "deployment.md"
+
+
+def test_readme_links_the_guide():
+    assert "(docs/deployment.md)" in (ROOT / "README.md").read_text()
+
+
+def test_guide_cites_only_measured_figures():
+    """Sizing figures in the guide are the README's `make bench` figures."""
+    guide = " ".join(GUIDE.read_text().split())
+    readme = (ROOT / "README.md").read_text()
+    for figure in ("5.95 MB/s", "6.89 MB/s", "8.4 M tokens/s"):
+        assert figure in guide and figure in readme, figure
+    assert "make bench" in guide and "2-core machine" in guide
+
+
+def test_guide_names_existing_files():
+    for path in re.findall(r"`((?:deploy|docs|scripts)/[\w./-]+)`", GUIDE.read_text()):
+        assert (ROOT / path).exists(), path
+
+
+def test_every_deploy_config_passes_the_servers_budget_check(tmp_path):
+    configs = [configmod.load(DEPLOY / "compose" / "tokenfeed.yaml")]
+    for directory in ("sidecar", "fleet"):
+        path = tmp_path / f"{directory}.yaml"
+        path.write_text(manifest("ConfigMap", directory)["data"]["config.yaml"])
+        configs.append(configmod.load(path))
+    for cfg in configs:
+        check_budget(cfg)  # raises ConfigError when cache_bytes is too small
+    assert K8S.is_dir()
+
+
+def test_install_tools_is_valid_and_fast_when_installed():
+    script = ROOT / "scripts" / "install_tools.sh"
+    run(["bash", "-n", script])
+    start = time.monotonic()
+    out = run(["bash", script], timeout=600).stdout
+    assert time.monotonic() - start < 10, "install_tools.sh is slow with everything installed"
+    assert "promtool, version" in out and "Docker Compose version v2" in out
+    assert "Chromium" in out
+
+
+def test_make_test_installs_the_tools_first():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: .*\btools\b", makefile, re.M)
+    assert re.search(r"^tools:\n\tbash scripts/install_tools.sh$", makefile, re.M)
+    assert ".tools/" in (ROOT / ".gitignore").read_text().splitlines()
