@@ -19,7 +19,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import client, mixture, objstore, packing, serving, tokenization
+from bench import client, mixture, objstore, packing, serving, store, tokenization
 from bench.client import ClientResult
 from bench.objstore import ObjstoreResult
 from bench.packing import PackingResult
@@ -33,7 +33,8 @@ SERVING_TARGET = 0.70
 TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
-SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore")
+SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store")
+INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
 QUICK = (
     serving.ServingSizes(rounds=3, unary_calls=100, stream_steps=105),
@@ -41,6 +42,7 @@ QUICK = (
     client.ClientSizes(decodes=200, handoffs=2000, trainer_steps=250, rounds=2, failovers=3),
     packing.PackingSizes(repeats=3, calls=100),
     objstore.ObjstoreSizes(copies=4, rounds=2),
+    store.StoreSizes(copies=2, repeats=2, lookups=5),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
@@ -48,6 +50,7 @@ FULL = (
     client.ClientSizes(decodes=1000, handoffs=10000, trainer_steps=500, rounds=5, failovers=7),
     packing.PackingSizes(repeats=7, calls=500),
     objstore.ObjstoreSizes(copies=10, rounds=5),
+    store.StoreSizes(copies=8, repeats=5, lookups=20),
 )
 
 
@@ -284,6 +287,56 @@ def objstore_table(r: ObjstoreResult) -> str:
     return f"{table}\n{notes}"
 
 
+def store_table(r: store.StoreResult) -> str:
+    mb = r.text_bytes / 1e6
+    rows = [["bare tokenizer (encode_batch_fast, this process)", number(mb / median(r.bare), 2),
+             number(r.tokens / median(r.bare) / 1e6, 2), "1.00", ""]]  # fmt: skip
+    for workers, seconds in sorted(r.builds.items()):
+        ratio = paired_ratio([1 / s for s in seconds], [1 / b for b in r.bare])
+        rows.append(
+            [
+                f"tokenfeed build --workers {workers}",
+                number(mb / median(seconds), 2),
+                number(r.tokens / median(seconds) / 1e6, 2),
+                number(ratio, 2),
+                "",
+            ]
+        )
+    two = paired_ratio([1 / s for s in r.builds[2]], [1 / s for s in r.builds[1]])
+    title = (
+        "7a. Token store build: `tokenfeed build` on 1 and 2 processes against the bare tokenizer\n"
+        f"   corpus: {r.docs:,} docs, {mb:.2f} MB of text in 2 JSON Lines files, {r.chunks} "
+        f"chunks of {store.CHUNK_BYTES}; {r.tokens:,} tokens; medians of {len(r.bare)} rounds"
+    )
+    table = render(title, ["", "MB/s", "M tokens/s", "vs bare", ""], rows)
+    build_notes = (
+        f"2 processes / 1 process: {two:.2f} (median of the rounds' ratios)\n"
+        "build: the build's own elapsed time (tokenizing to the last chunk stored, worker "
+        "start-up included), an empty cache each round; the bare loop uses the tokenizer's own "
+        "threads"
+    )
+    x = r.index
+    lookups = [[f"{int(m):,}", number(x["cold"][m] * 1e3, 2), number(x["warm"][m] * 1e3, 3)]
+               for m in x["cold"]]  # fmt: skip
+    rss = x["hwm_mb"]
+    index_title = (
+        f"7b. A server's index at corpus scale: {x['chunks']:,} chunks of 32M tokens in "
+        f"{x['objects']:,} objects ({x['tokens'] / 1e12:.1f} trillion tokens), seq_len "
+        f"{store.SEQ_LEN} x {store.BATCH} rows: {x['steps_per_epoch']:,} steps per epoch\n"
+        f"   RSS: {x['rss_base_mb']:.0f} MB after imports, {x['rss_index_mb']:.0f} MB with the "
+        f"index, peak {rss:.0f} MB after the lookups; target < {INDEX_RSS_TARGET:.0f} MB "
+        f"({'met' if rss < INDEX_RSS_TARGET else 'missed'}); planning the index took "
+        f"{x['plan_seconds']:.1f}s"
+    )
+    index_table = render(index_title, ["steps near", "first lookup ms", "again ms"], lookups)
+    index_notes = (
+        "first lookup: a random step in [m, 2m) (the first in an epoch computes that epoch's "
+        "layout, O(chunks); a new window materialises its row permutation); again: the same "
+        "step once more (the plan alone); medians"
+    )
+    return f"{table}\n{build_notes}\n\n{index_table}\n{index_notes}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
@@ -293,7 +346,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
-    serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes = (
+    serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes, store_sizes = (
         QUICK if args.quick else FULL
     )
     threads = cores()
@@ -316,6 +369,8 @@ def main() -> None:
         print(mixture.mixture_table(50 if args.quick else 200) + "\n", flush=True)
     if "objstore" in only:
         print(objstore_table(objstore.run(objstore_sizes, OUT, threads)) + "\n", flush=True)
+    if "store" in only:
+        print(store_table(store.run(store_sizes, OUT)) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 

@@ -48,9 +48,9 @@ VOLUME ["/var/cache/tokenfeed"]
 EXPOSE 50051 9100
 
 # The standard gRPC health service, service "tokenfeed.v1.TokenFeed": SERVING (exit 0) once
-# every job's index is built; NOT_SERVING (exit 1) before that and while the server drains
-# after SIGTERM; no answer (exit 1) when it is down. A corpus that takes longer than the start
-# period to tokenize shows "unhealthy" until it is built (docker run --health-start-period).
+# every job can serve its first step; NOT_SERVING (exit 1) before that and while the server drains
+# after SIGTERM; no answer (exit 1) when it is down. A corpus whose first windows take longer than
+# the start period to tokenize shows "unhealthy" until they are built (docker run --health-start-period).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
   CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; channel = grpc.insecure_channel(os.environ.get('TOKENFEED_HEALTH_TARGET', '127.0.0.1:50051')); reply = g.HealthStub(channel).Check(h.HealthCheckRequest(service='tokenfeed.v1.TokenFeed'), timeout=4); sys.exit(0 if reply.status == h.HealthCheckResponse.SERVING else 1)"]
 

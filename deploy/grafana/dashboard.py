@@ -449,6 +449,20 @@ def panels() -> list[dict]:
         [(f"sum by (instance) ({rate('tokenfeed_tokenize_seconds_total')})", "{{instance}}")],
         "short",
     )
+    p.panel(
+        ts,
+        "Shared store chunks / s",
+        "Token chunks exchanged with the shared store: published (tokenized here), indexed "
+        "(manifest read instead of tokenizing), fetched (body downloaded), taken_over (another "
+        "node's chunk tokenized here).",
+        [
+            (
+                f"sum by (outcome) ({rate('tokenfeed_shared_store_chunks_total')})",
+                "{{outcome}}",
+            )
+        ],
+        "ops",
+    )
 
     p.row("Process")
     process = f'job="tokenfeed", {SERVER}'

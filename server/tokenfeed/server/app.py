@@ -22,6 +22,7 @@ from tokenfeed.server.eviction import FutureUse
 from tokenfeed.server.httpstatus import start_http
 from tokenfeed.server.job import Job
 from tokenfeed.server.service import TokenFeedServicer
+from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokstore import TokenStore
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -44,7 +45,8 @@ def build_jobs(config: Config) -> dict[str, Job]:
     cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
     storage = Storage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
-    jobs = {spec.name: Job(spec, store, storage) for spec in config.jobs}
+    shared = SharedStore(config.store, storage) if config.store.uri else None
+    jobs = {spec.name: Job(spec, store, storage, shared) for spec in config.jobs}
     cache.set_policy(FutureUse(list(jobs.values())))
     return jobs
 
@@ -96,8 +98,9 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     address = _listen(server, config.server.listen)
     http = start_http(config.server.metrics_listen, jobs) if config.server.metrics_listen else None
     await server.start()
-    # Health says SERVING once every job's index is built (READY or FAILED): before that a
-    # request could only be told UNAVAILABLE, so probes and load balancers should look elsewhere.
+    # Health says SERVING once every job can serve its first step (the windows it needs are
+    # built; the rest is built in sample order while serving) or has failed: before that a
+    # request could only wait or be told UNAVAILABLE, so probes and load balancers look elsewhere.
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     log.info("serving %d job(s) %s on %s", len(jobs), sorted(jobs), address)
@@ -113,7 +116,7 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
                for job in jobs.values()]  # fmt: skip
 
     async def serving() -> None:
-        await asyncio.gather(*(job.built() for job in jobs.values()))
+        await asyncio.gather(*(job.servable() for job in jobs.values()))
         if not stop.is_set():
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -3,37 +3,52 @@
 - plain JSON Lines: byte ranges [k*chunk_bytes, (k+1)*chunk_bytes); a chunk holds the lines that
   *start* inside its range (Hadoop's split rule), so boundaries need no scan of the data;
 - compressed JSON Lines (.gz, .zst): the whole object, since a stream cannot be entered midway;
-- Parquet: one chunk per row group (from the footer).
+- Parquet: one chunk per row group (from the footer), of text or of token ids (`token_field`);
+- Megatron-LM indexed datasets (an `.idx` and the `.bin` beside it): runs of consecutive
+  sequences holding about `chunk_bytes` of tokens on average, from the listing and the 34-byte
+  `.idx` header alone (the rest of an `.idx` is 12 bytes per sequence: gigabytes, not read here).
 Sources are sorted by URI, so listing order never matters.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import struct
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tokenfeed.server.config import SourceSpec
+from tokenfeed.server.config import JSONL_SUFFIXES, SourceSpec
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
+from tokenfeed.server.tokstore import CODE_DTYPES, IDX_MAGIC, IDX_VERSION
 
 # Bump when the bytes a chunk produces could change for the same inputs.
 CHUNK_FORMAT_VERSION = 2
 
-_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+MEGATRON_HEADER_BYTES = 34
+# Token ids are integers: the format's float dtype codes (6, 7) are refused.
+_TOKEN_DTYPES = {code: dtype for code, dtype in CODE_DTYPES.items() if dtype.kind in "iu"}
 
 
 @dataclass(frozen=True)
 class Chunk:
     source: ObjectInfo
-    kind: str  # "jsonl" | "jsonl.gz" | "jsonl.zst" | "parquet"
-    text_field: str
-    start: int  # byte offset (jsonl kinds) or first row of the row group (parquet)
-    end: int  # exclusive byte offset, or row after the row group
+    # "jsonl" | "jsonl.gz" | "jsonl.zst" | "parquet" | "parquet-tokens" | "megatron"
+    kind: str
+    text_field: str  # the column read (of token ids for parquet-tokens); "" for megatron
+    # byte offset (jsonl kinds), first row of the row group (parquet kinds), first sequence
+    # (megatron)
+    start: int
+    end: int  # exclusive: byte offset, row after the row group, sequence after the chunk
     row_group: int = -1
-    # Source bytes a read of the chunk needs (for a row group: its compressed column chunks).
+    # Source bytes a read of the chunk needs (for a row group: its compressed column chunks;
+    # for megatron: its .idx entries and its share of the .bin at the average sequence size).
     nbytes: int = 0
+    # An object read together with `source` and pinned like it: the .bin of a Megatron .idx.
+    companion: ObjectInfo | None = None
 
     @property
     def raw_bytes(self) -> int:
@@ -42,62 +57,167 @@ class Chunk:
     def describe(self) -> str:
         if self.kind == "parquet":
             return f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end})"
+        if self.kind == "parquet-tokens":
+            return (f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end}"
+                    f", token ids in {self.text_field!r})")  # fmt: skip
+        if self.kind == "megatron":
+            return f"{self.source.uri} (documents {self.start}-{self.end})"
         return f"{self.source.uri} (bytes {self.start}-{self.end})"
 
     def key(self, tokenizer_digest: str) -> str:
         """Content address of this chunk's tokens: changes when any input that decides them does."""
-        parts = (
+        parts: tuple = (
             CHUNK_FORMAT_VERSION, self.source.uri, self.source.size, self.source.version,
             self.kind, self.text_field, self.start, self.end, self.row_group, tokenizer_digest,
         )  # fmt: skip
+        if self.companion is not None:  # appended, so the keys of other chunks stay as they were
+            c = self.companion
+            parts += (c.uri, c.size, c.version)
         text = "\x1f".join(map(str, parts)).encode()
         return hashlib.blake2b(text, digest_size=16).hexdigest()
 
 
-def source_kind(uri: str, declared: str) -> str:
+def source_kind(uri: str, declared: str, token_field: str | None = None) -> str:
     name = uri.lower()
     compression = ""
     for suffix, comp in ((".gz", ".gz"), (".zst", ".zst"), (".zstd", ".zst")):
         if name.endswith(suffix):
             name, compression = name[: -len(suffix)], comp
             break
+    if declared == "megatron" or (declared == "auto" and name.endswith(".idx")):
+        if compression or not name.endswith(".idx"):
+            raise SourceError(f"{uri}: a Megatron source must match the .idx files (the .bin "
+                              "beside each is read with it), uncompressed")  # fmt: skip
+        if token_field is not None:
+            raise SourceError(f"{uri}: token_field applies to Parquet sources; a Megatron "
+                              "dataset holds nothing but token ids")  # fmt: skip
+        return "megatron"
     if declared == "parquet" or (declared == "auto" and name.endswith(".parquet")):
         if compression:
             raise SourceError(f"{uri}: Parquet files compress internally; got {compression}")
-        return "parquet"
-    if declared == "jsonl" or name.endswith(_JSONL_SUFFIXES):
+        return "parquet" if token_field is None else "parquet-tokens"
+    if declared == "jsonl" or name.endswith(JSONL_SUFFIXES):
+        if token_field is not None:
+            raise SourceError(f"{uri}: token_field applies to Parquet sources, not JSON Lines")
         return "jsonl" + compression
     raise SourceError(
-        f"{uri}: cannot tell the format from the name; expected .jsonl[.gz|.zst] or .parquet, "
-        "or set format: jsonl|parquet on the source"
+        f"{uri}: cannot tell the format from the name; expected .jsonl[.gz|.zst], .parquet or "
+        ".idx (Megatron), or set format: jsonl|parquet|megatron on the source"
     )
 
 
+def is_token_list(kind: pa.DataType) -> bool:
+    """A Parquet/Arrow type that holds one document's token ids per row."""
+    return (
+        (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        and pa.types.is_integer(kind.value_type)
+    )  # fmt: skip
+
+
 def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
-    # Row groups are read whole from the footer's offsets; only the text column is decoded.
+    # Row groups are read whole from the footer's offsets; only the one column is decoded.
+    tokens = spec.token_field is not None
+    field = spec.token_field if tokens else spec.text_field
     try:
         with store.open(obj) as f:
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as e:
         raise SourceError(f"{obj.uri}: not a readable Parquet file: {e}") from e
-    if spec.text_field not in schema.names:
-        raise SourceError(
-            f"{obj.uri}: no column {spec.text_field!r} (columns: {schema.names}); "
-            "set text_field on the source"
-        )
-    kind = schema.field(spec.text_field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)):  # fmt: skip
-        raise SourceError(f"{obj.uri}: column {spec.text_field!r} is {kind}, expected a string")
+    if field not in schema.names:
+        key = "token_field" if tokens else "text_field"
+        raise SourceError(f"{obj.uri}: no column {field!r} (columns: {schema.names}); "
+                          f"set {key} on the source")  # fmt: skip
+    kind = schema.field(field).type
+    if tokens and not is_token_list(kind):
+        raise SourceError(f"{obj.uri}: column {field!r} is {kind}, expected a list of integer "
+                          "token ids (token_field)")  # fmt: skip
+    text = (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind))  # fmt: skip
+    if not tokens and not text:
+        raise SourceError(f"{obj.uri}: column {field!r} is {kind}, expected a string")
     chunks, row = [], 0
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         n = group.num_rows
-        size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-        chunks.append(Chunk(obj, "parquet", spec.text_field, row, row + n, g, size))
+        columns = [group.column(c) for c in range(group.num_columns)]
+        if tokens:  # only the token column is read (a list is one leaf: `field.list.element`)
+            columns = [c for c in columns if c.path_in_schema.split(".")[0] == field]
+            chunks.append(Chunk(obj, "parquet-tokens", field, row, row + n, g,
+                                sum(c.total_compressed_size for c in columns)))  # fmt: skip
+        else:
+            size = sum(c.total_compressed_size for c in columns)
+            chunks.append(Chunk(obj, "parquet", field, row, row + n, g, size))
         row += n
     return chunks
+
+
+@dataclass(frozen=True)
+class MegatronHeader:
+    dtype: np.dtype  # of the token ids in the .bin
+    sequences: int
+    documents: int  # entries of the trailing document index (not used for packing)
+
+    def lengths_at(self, i: int) -> int:
+        """Byte offset in the .idx of sequence i's length (int32)."""
+        return MEGATRON_HEADER_BYTES + 4 * i
+
+    def pointers_at(self, i: int) -> int:
+        """Byte offset in the .idx of sequence i's byte pointer into the .bin (int64)."""
+        return MEGATRON_HEADER_BYTES + 4 * self.sequences + 8 * i
+
+
+def megatron_header(store: ObjectStore, idx: ObjectInfo) -> MegatronHeader:
+    """The header of a Megatron .idx, checked against the object's size."""
+    raw = store.read_range(idx, 0, MEGATRON_HEADER_BYTES)
+    if len(raw) < MEGATRON_HEADER_BYTES or raw[: len(IDX_MAGIC)] != IDX_MAGIC:
+        raise SourceError(f"{idx.uri}: not a Megatron .idx file (no MMIDIDX magic, or shorter "
+                          f"than the {MEGATRON_HEADER_BYTES}-byte header)")  # fmt: skip
+    version, code, n, docs = struct.unpack_from("<QBQQ", raw, len(IDX_MAGIC))
+    if version != IDX_VERSION:
+        raise SourceError(f"{idx.uri}: Megatron .idx version {version}; only version "
+                          f"{IDX_VERSION} is supported")  # fmt: skip
+    if code not in _TOKEN_DTYPES:
+        what = CODE_DTYPES[code].name if code in CODE_DTYPES else "unknown"
+        raise SourceError(f"{idx.uri}: dtype code {code} ({what}) is not an integer token type; "
+                          f"supported codes: {sorted(_TOKEN_DTYPES)}")  # fmt: skip
+    expected = MEGATRON_HEADER_BYTES + 12 * n + 8 * docs
+    if idx.size != expected:
+        raise SourceError(f"{idx.uri}: {idx.size} bytes, but its header describes {n} sequences "
+                          f"and {docs} document entries ({expected} bytes): truncated or "
+                          "corrupt")  # fmt: skip
+    return MegatronHeader(_TOKEN_DTYPES[code], n, docs)
+
+
+def megatron_bin(store: ObjectStore, idx: ObjectInfo) -> ObjectInfo:
+    """The .bin beside a Megatron .idx, listed (so pinned) like any source object."""
+    uri = idx.uri[: -len(".idx")] + ".bin"
+    pattern = re.sub(r"([*?\[])", r"[\1]", uri)  # the name taken literally, not as a glob
+    try:
+        found = store.list(pattern)
+    except SourceError:
+        found = []
+    if len(found) != 1:
+        raise SourceError(f"{idx.uri}: no {uri} beside it; a Megatron dataset is a .bin/.idx "
+                          "pair")  # fmt: skip
+    return found[0]
+
+
+def _megatron_chunks(store: ObjectStore, idx: ObjectInfo, chunk_bytes: int) -> list[Chunk]:
+    header = megatron_header(store, idx)
+    data = megatron_bin(store, idx)
+    n, itemsize = header.sequences, header.dtype.itemsize
+    if data.size % itemsize or (n == 0 and data.size):
+        raise SourceError(f"{data.uri}: {data.size} bytes do not fit {idx.uri}, which holds "
+                          f"{n} sequences of {header.dtype.name} tokens")  # fmt: skip
+    if n == 0:
+        return []
+    # Sequences per chunk from the average size: deterministic from the listing and the header.
+    per = max(1, chunk_bytes * n // data.size) if data.size else n
+    return [Chunk(idx, "megatron", "", s, min(s + per, n),
+                  nbytes=12 * (min(s + per, n) - s) + data.size * (min(s + per, n) - s) // n,
+                  companion=data)
+            for s in range(0, n, per)]  # fmt: skip
 
 
 def plan_chunks(
@@ -107,10 +227,13 @@ def plan_chunks(
     storage = storage or Storage()
     chunks: list[Chunk] = []
     for obj, spec in sorted(objects, key=lambda pair: pair[0].uri):
-        kind = source_kind(obj.uri, spec.format)
+        kind = source_kind(obj.uri, spec.format, spec.token_field)
+        if kind == "megatron":  # an empty .idx is corrupt, not empty: it has no header
+            chunks.extend(_megatron_chunks(storage.for_uri(obj.uri), obj, chunk_bytes))
+            continue
         if obj.size == 0:
             continue
-        if kind == "parquet":
+        if kind in ("parquet", "parquet-tokens"):
             chunks.extend(_parquet_chunks(storage.for_uri(obj.uri), obj, spec))
         elif kind == "jsonl":
             chunks.extend(

@@ -1,4 +1,4 @@
-"""`tokenfeed` command line: serve, inspect, explain, describe."""
+"""`tokenfeed` command line: serve, build, inspect, explain, describe."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tokenfeed.client.errors import TokenfeedClientError
 from tokenfeed.server import config as configmod
 from tokenfeed.server import logs
-from tokenfeed.server.errors import TokenfeedError
+from tokenfeed.server.errors import JobFailedError, TokenfeedError
 
 log = logging.getLogger("tokenfeed")
 
@@ -47,10 +47,23 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
     async def build() -> None:
         with ThreadPoolExecutor(cfg.server.tokenize_threads) as pool:
             await job.build_index(pool, cfg.server.tokenize_threads, retry=False)
-        await job.wait_ready(0)
+        if job.state == "failed":
+            raise JobFailedError(job.error)
 
     asyncio.run(build())
     return job, job.batch(step, rank, world)[1]
+
+
+def cmd_build(args) -> int:
+    import os
+
+    from tokenfeed.server.build import build
+
+    logs.configure("text", logging.WARNING)
+    cfg = _load(args)
+    names = [cfg.job(args.job).name] if args.job else cfg.job_names()
+    build(cfg, names, args.workers or os.cpu_count() or 1)
+    return 0
 
 
 def cmd_inspect(args) -> int:
@@ -121,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-file", help="write {address, pid} as JSON here once serving")
     p.add_argument("--log-format", choices=("text", "json"), help="override server.log_format")
     p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("build", help="tokenize the token store offline, on every core")
+    p.add_argument("--config", required=True, help="YAML or TOML config file")
+    p.add_argument("--job", help="one job (default: every job of the config)")
+    p.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
+    p.add_argument("--cache-dir", help="override server.cache_dir (the local store)")
+    p.set_defaults(fn=cmd_build)
 
     p = sub.add_parser("inspect", help="print a batch decoded back to text")
     p.add_argument("--config", required=True)

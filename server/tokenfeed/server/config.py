@@ -8,6 +8,7 @@ Relative paths are resolved against the directory of the config file.
 from __future__ import annotations
 
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -19,8 +20,10 @@ from tokenfeed.server.configparse import Section, parse_size, resolve, to_fracti
 from tokenfeed.server.errors import ConfigError
 
 PACKINGS = ("concat", "best_fit")
+# Names `format: auto` reads as JSON Lines (chunks.py reads the same suffixes).
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BAD_RECORD_POLICIES = ("skip", "strict")
-FORMATS = ("auto", "jsonl", "parquet")
+FORMATS = ("auto", "jsonl", "parquet", "megatron")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class SourceSpec:
     pattern: str
     format: str = "auto"
     text_field: str = "text"
+    # Parquet only: a column of token-id lists read instead of a text column (no tokenizer).
+    token_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,30 @@ class ObjectStoreSpec:
 
 
 @dataclass(frozen=True)
+class StoreSpec:
+    """A token store shared by a fleet (sharedstore.py): chunks tokenized by one node are
+    published under `uri` and read by the others, so each chunk is tokenized about once."""
+
+    uri: str = ""  # s3://bucket/prefix/ or a directory; empty: no shared store
+    # This node's name in the fleet: rendezvous hashing assigns chunks to names. Default:
+    # the host name and cache directory (stable across restarts of one node).
+    node: str = ""
+    # Before building, wait (up to join_seconds) until this many nodes heartbeat, so a fleet
+    # started together splits the work from the first chunk.
+    min_nodes: int = 1
+    join_seconds: float = 60.0
+    # A node whose heartbeat is older than this is gone: its chunks are taken over.
+    node_ttl_seconds: float = 30.0
+    # A chunk assigned to a live node but still missing after this long is tokenized here.
+    takeover_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerSpec
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     object_store: ObjectStoreSpec = field(default_factory=ObjectStoreSpec)
+    store: StoreSpec = field(default_factory=StoreSpec)
     origin: str = "<memory>"
 
     def job(self, name: str) -> JobSpec:
@@ -147,9 +172,30 @@ def _source(raw: Any, where: str, base: Path, default_field: str) -> SourceSpec:
         pattern=resolve(s.str("path"), base),
         format=s.str("format", "auto", FORMATS),
         text_field=s.str("text_field", default_field),
+        token_field=s.opt_str("token_field"),
     )
     s.done()
+    _check_source_fields(spec, s)
     return spec
+
+
+def _check_source_fields(spec: SourceSpec, s: Section) -> None:
+    """Fields that cannot apply to the source's format. A pattern whose name does not tell the
+    format (and `format: auto`) is checked per object when its chunks are planned."""
+    name = re.sub(r"\.(gz|zst|zstd)$", "", spec.pattern.lower())
+    megatron = spec.format == "megatron" or (spec.format == "auto" and name.endswith(".idx"))
+    jsonl = spec.format == "jsonl" or (spec.format == "auto" and name.endswith(JSONL_SUFFIXES))
+    if spec.token_field is not None and (megatron or jsonl):
+        kind = "Megatron datasets hold token ids already" if megatron else "not JSON Lines"
+        raise ConfigError(f"{s.path('token_field')}: applies to Parquet sources only ({kind}), "
+                          f"got {spec.token_field!r} for {spec.pattern!r}")  # fmt: skip
+    if spec.token_field is not None and "text_field" in s.raw:
+        raise ConfigError(f"{s.path('token_field')}: a source reads either a text column or a "
+                          f"token column, got text_field {s.raw['text_field']!r} and "
+                          f"token_field {spec.token_field!r}")  # fmt: skip
+    if megatron and "text_field" in s.raw:
+        raise ConfigError(f"{s.path('text_field')}: a Megatron source has no text field, got "
+                          f"{s.raw['text_field']!r} for {spec.pattern!r}")  # fmt: skip
 
 
 def _tokenizer(raw: Any, where: str, base: Path) -> TokenizerSpec:
@@ -313,12 +359,37 @@ def _object_store(raw: Any) -> ObjectStoreSpec:
     return spec
 
 
+def _store(raw: Any, base: Path, server: ServerSpec) -> StoreSpec:
+    if isinstance(raw, str):
+        raw = {"uri": raw}
+    s = Section(raw if raw is not None else {}, "store")
+    d = StoreSpec
+    uri = s.opt_str("uri") or ""
+    if uri and not uri.startswith("s3://"):
+        uri = resolve(uri.removeprefix("file://"), base)
+    node = s.opt_str("node") or (f"{socket.gethostname()}:{server.cache_dir}" if uri else "")
+    spec = StoreSpec(
+        uri=uri, node=node,
+        min_nodes=s.int("min_nodes", d.min_nodes, minimum=1),
+        join_seconds=s.number("join_seconds", d.join_seconds),
+        node_ttl_seconds=s.number("node_ttl_seconds", d.node_ttl_seconds),
+        takeover_seconds=s.number("takeover_seconds", d.takeover_seconds),
+    )  # fmt: skip
+    s.done()
+    if raw is not None and not uri:
+        raise ConfigError("store.uri: expected s3://bucket/prefix/ or a directory")
+    if spec.node_ttl_seconds <= 0:
+        raise ConfigError("store.node_ttl_seconds: expected a positive number of seconds")
+    return spec
+
+
 def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> Config:
     base = Path(base)
     try:
         top = Section(raw, "")
         server = _server(top.get("server"), base)
         object_store = _object_store(top.get("object_store"))
+        store = _store(top.get("store"), base, server)
         raw_jobs = top.require("jobs")
         if not isinstance(raw_jobs, dict) or not raw_jobs:
             raise ConfigError(f"jobs: expected a mapping of job name to job, got {raw_jobs!r}")
@@ -330,7 +401,8 @@ def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> 
         top.done()
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    return Config(server=server, jobs=tuple(jobs), object_store=object_store, origin=origin)
+    return Config(server=server, jobs=tuple(jobs), object_store=object_store, store=store,
+                  origin=origin)  # fmt: skip
 
 
 def load(path: str | Path) -> Config:

@@ -36,7 +36,17 @@ class UnknownJobError(TokenfeedError):
 
 
 class NotReadyError(TokenfeedError):
-    pass
+    def __init__(self, message: str, retry_after: float = 0.0):
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds; sent as the grpc-retry-pushback-ms trailer
+
+
+class NotBuiltError(Exception):
+    """Inside the server: a step's chunks are not built yet (wait, then NotReadyError)."""
+
+    def __init__(self, why: tuple[str, float]):
+        super().__init__(why[0])
+        self.retry_after = why[1]
 
 
 class JobFailedError(TokenfeedError):

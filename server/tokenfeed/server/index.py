@@ -1,9 +1,12 @@
 """A dataset's token index: list its sources, plan its chunks, make sure each is tokenized.
 
 A job has one index per dataset (one for a plain job). `DatasetIndex.build` runs listing and
-tokenization in worker threads, several chunks at once, in the epoch-0 chunk order. Outcomes:
+tokenization in worker threads, several chunks at once, in the epoch-0 chunk order; while it
+runs, epoch 0's rows of the leading windows whose chunks are all built (`rows_built`) can be
+served. With a shared store (sharedstore.py), chunks are read from it when published, chunks
+assigned to other live nodes wait for them, and chunks tokenized here are published. Outcomes:
 - READY: every chunk is stored; documents and tokens per chunk are known (`num_docs`,
-  `num_tokens`), and the job fingerprint covers the content of every chunk.
+  `num_tokens`). The dataset's fingerprint (its chunks' keys) is known once it is planned.
 - FAILED: the data itself refuses the job (a bad record under `strict`, a source that matches
   nothing or changed after it was pinned, a corpus too small for one row). Every server would
   reach the same verdict, so clients are told so (FAILED_PRECONDITION).
@@ -19,11 +22,12 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import bestfit, metrics, order, packing
-from tokenfeed.server.chunks import Chunk, plan_chunks
+from tokenfeed.server import bestfit, metrics, order, packing, pretokenized
+from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
 from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
 from tokenfeed.server.errors import (
     BadRecordError,
@@ -34,15 +38,53 @@ from tokenfeed.server.errors import (
     TokenfeedError,
 )
 from tokenfeed.server.readers import BadRecord, read_documents
+from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import ObjectInfo, Storage
 from tokenfeed.server.tokenize import TextTokenizer
-from tokenfeed.server.tokstore import ChunkIndex, ChunkMissing, TokenChunk, TokenStore
+from tokenfeed.server.tokstore import (
+    ChunkIndex,
+    ChunkMissing,
+    TokenChunk,
+    TokenStore,
+    encode_chunk,
+)
 
 log = logging.getLogger(__name__)
 
 INDEXING, READY, FAILED = "indexing", "ready", "failed"
 BAD_EXAMPLES_PER_CHUNK = 20
 RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
+POLL_SECONDS = 0.5  # how often a chunk another node tokenizes is looked for in the shared store
+
+
+class ChunkKeys:
+    """A dataset's chunk keys (32 hex digits each), packed: 16 bytes per chunk where a list of
+    str and a dict to look them up would take about 200, with a sorted view for lookups."""
+
+    def __init__(self, keys: list[str]):
+        self._raw = np.frombuffer(b"".join(bytes.fromhex(k) for k in keys), dtype="V16")
+        self._order = np.argsort(self._raw, kind="stable")
+        self._sorted = self._raw[self._order]
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __getitem__(self, i: int) -> str:
+        return self._raw[i].tobytes().hex()
+
+    def __iter__(self):
+        return (v.tobytes().hex() for v in self._raw)
+
+    def get(self, key: str) -> int | None:
+        """The chunk id of a key, or None if the key is not one of this dataset's."""
+        if len(key) != 32 or not len(self._raw):
+            return None
+        try:
+            q = np.frombuffer(bytes.fromhex(key), dtype="V16")[0]
+        except ValueError:
+            return None
+        j = int(np.searchsorted(self._sorted, q))
+        return int(self._order[j]) if j < len(self._sorted) and self._sorted[j] == q else None
 
 
 class BuildCancelled(Exception):
@@ -51,21 +93,32 @@ class BuildCancelled(Exception):
 
 class DatasetIndex:
     def __init__(self, spec: JobSpec, dataset: DatasetSpec, store: TokenStore,
-                 tokenizer: TextTokenizer, storage: Storage):  # fmt: skip
+                 tokenizer: TextTokenizer, storage: Storage,
+                 shared: SharedStore | None = None):  # fmt: skip
         self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
-        self.storage = storage
+        self.storage, self.shared = storage, shared
+        # An offline build into a shared store keeps only manifests here (the store has all).
+        self.keep_bodies = True
         self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
         self.chunks: list[Chunk] = []
-        self.keys: list[str] = []
+        self.keys = ChunkKeys([])
         self.num_docs = np.zeros(0, dtype=np.int64)
         self.num_tokens = np.zeros(0, dtype=np.int64)
-        self.digests: list[str] = []
         self.body_bytes = np.zeros(0, dtype=np.int64)
-        self.chunk_of: dict[str, int] = {}  # key -> chunk id
         self.bad_records: Counter[str] = Counter()
         self.state, self.error, self.fingerprint = INDEXING, "", ""
         self.rows_per_chunk = np.zeros(0, dtype=np.int64)
         self.rows_per_epoch = 0
+        # Serving while building: chunks are built in epoch 0's order, and the rows of the
+        # leading windows whose chunks are all built can be served before the rest exists.
+        self.order0 = np.zeros(0, dtype=np.int64)  # epoch 0's chunk order
+        self.position0 = np.zeros(0, dtype=np.int64)  # its inverse
+        self.positions_built = 0  # leading positions of that order whose chunks are built
+        self.windows_built = 0  # leading windows whose chunks are all built
+        self.rows_built = 0  # rows of those windows: epoch-0 rows [0, rows_built) are known
+        self._rows_counted = 0  # rows of the first `positions_built` positions
+        self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
+        self.started = time.monotonic()
         self._cancel = threading.Event()
 
     @property
@@ -110,15 +163,32 @@ class DatasetIndex:
             self.store.cache.claim(self.raw_claim, self.raw_working_set(parallel),
                                    f"job {self.name} (the raw data of {parallel} chunks "
                                    "tokenized at once)")  # fmt: skip
-        n = len(self.chunks)
-        keys = order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
-        todo = [int(i) for i in order.permute(np.arange(n), n, keys) if self.num_docs[i] < 0]
+        todo = [int(i) for i in self.order0 if self.num_docs[i] < 0]
         todo.reverse()  # popped from the end: epoch-0 order
+        # With a shared store: chunks assigned to another live node wait here until it
+        # publishes them (or takeover_seconds pass): chunk -> [first deferred, last checked].
+        deferred: dict[int, list[float]] = {}
+
+        def pick() -> int | None:
+            now = time.monotonic()
+            due = [i for i, (_, checked) in deferred.items() if now - checked >= POLL_SECONDS]
+            if due:  # the earliest in sample order first: a request may be waiting on it
+                return min(due, key=lambda i: self.position0[i])
+            return todo.pop() if todo else None
 
         async def worker() -> None:
-            while todo and not self._cancel.is_set():
-                i = todo.pop()
-                self._record(i, *await loop.run_in_executor(executor, self._index_chunk, i))
+            while (todo or deferred) and not self._cancel.is_set():
+                i = pick()
+                if i is None:
+                    await asyncio.sleep(POLL_SECONDS / 4)
+                    continue
+                since = deferred.get(i, [time.monotonic()])[0]
+                got = await loop.run_in_executor(executor, self._index_or_defer, i, since)
+                if got is None:
+                    deferred[i] = [since, time.monotonic()]
+                    continue
+                deferred.pop(i, None)
+                self._record(i, *got)
 
         try:
             async with asyncio.TaskGroup() as group:  # the first failure cancels the others
@@ -155,14 +225,54 @@ class DatasetIndex:
         chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes, self.storage)
         if not chunks:
             raise SourceError(f"job {self.name}: every source object is empty")
-        self.keys = [c.key(self.tokenizer.digest) for c in chunks]
+        self.adopt(chunks)
+        if self.shared is not None:
+            self.shared.check_dataset(self.dataset.name, self.inputs(chunks))
+            self.shared.join()
+
+    def adopt(self, chunks: list[Chunk]) -> None:
+        """Take a planned chunk list (from `_plan`, or from the process that planned it)."""
+        self.keys = ChunkKeys([c.key(self.tokenizer.digest) for c in chunks])
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
-        self.digests = [""] * len(chunks)
         self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
-        self.chunk_of = {key: i for i, key in enumerate(self.keys)}
         self.rows_per_chunk = np.zeros(len(chunks), dtype=np.int64)
+        n = len(chunks)
+        self.order0 = order.permute(
+            np.arange(n), n, order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
+        )
+        self.position0 = np.empty(n, dtype=np.int64)
+        self.position0[self.order0] = np.arange(n)
+        self.fingerprint = self._fingerprint()
         self.chunks = chunks
+
+    def inputs(self, chunks: list[Chunk]) -> dict:
+        """What the dataset's chunks are made from: recorded in a shared store, which refuses
+        a dataset of the same name made from other inputs."""
+        sources = {c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind,
+                                  c.text_field] for c in chunks}  # fmt: skip
+        for c in chunks:  # a Megatron .idx's .bin
+            if c.companion is not None:
+                sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
+        return {"chunk_format": CHUNK_FORMAT_VERSION, "tokenizer_blake2b": self.tokenizer.digest,
+                "chunk_bytes": self.dataset.chunk_bytes,
+                "sources": [sources[u] for u in sorted(sources)]}  # fmt: skip
+
+    def _index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
+        """Runs in a worker thread: index chunk i, or None to come back to it later (it is
+        another live node's to tokenize and not published yet)."""
+        key, shared = self.keys[i], self.shared
+        if shared is not None and self.store.get_index(key) is None:
+            if shared.manifest(key) is None:
+                if not shared.mine(key):
+                    if time.monotonic() - since < shared.spec.takeover_seconds:
+                        return None
+                    log.info("job %s: taking over %s from node %s after %.0fs", self.name,
+                             self.chunks[i].describe(), shared.owner(key),
+                             time.monotonic() - since)  # fmt: skip
+                    metrics.STORE_CHUNKS.labels("taken_over").inc()
+                    shared.counts.taken_over += 1
+        return self._index_chunk(i)
 
     def _index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
         """Runs in a worker thread: the chunk's entry and the rows it packs into."""
@@ -204,7 +314,7 @@ class DatasetIndex:
             self._check_policy(found.bad_examples)
             return found
         built: list[ChunkIndex] = []
-        self.store.cache.fill_once("chunk", key, lambda: built.append(self._tokenize(i)))
+        self.store.cache.fill_once("chunk", key, lambda: built.append(self._fetch(i, body)))
         entry = built[0] if built else self.store.get_index(key)
         if entry is None:
             raise StoreCorruptError(f"token chunk {key} vanished while it was built")
@@ -218,12 +328,33 @@ class DatasetIndex:
             )
         return entry
 
+    def _fetch(self, i: int, body: bool) -> ChunkIndex:
+        """The chunk from the shared store (its manifest, and its body if `body`), or else
+        tokenized here (and published)."""
+        key, shared = self.keys[i], self.shared
+        if shared is not None:
+            raw = shared.manifest(key)
+            if raw is not None and not body:
+                metrics.STORE_CHUNKS.labels("indexed").inc()
+                shared.counts.fetched += 1
+                return self.store.put_manifest(key, raw)
+            encoded = shared.body(key, raw) if raw is not None else None
+            if encoded is not None:
+                return self.store.put_encoded(encoded)
+        return self._tokenize(i)
+
     def _tokenize(self, i: int) -> ChunkIndex:
         key, chunk = self.keys[i], self.chunks[i]
         started = time.monotonic()
-        docs = read_documents(self.storage.for_uri(chunk.source.uri), chunk)
-        self._check_policy([str(b) for b in docs.bad])
-        tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
+        source = self.storage.for_uri(chunk.source.uri)
+        if chunk.kind in pretokenized.KINDS:  # token ids already: no tokenizer
+            pre = pretokenized.read_chunk(source, chunk, self.tokenizer)
+            self._check_policy([str(b) for b in pre.bad])
+            docs, tokens, lengths = pre, pre.tokens, pre.lengths
+        else:
+            docs = read_documents(source, chunk)
+            self._check_policy([str(b) for b in docs.bad])
+            tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
         if (lengths == 0).any():
             empty = np.nonzero(lengths == 0)[0]
@@ -237,8 +368,11 @@ class DatasetIndex:
             log.warning("job %s: skipped bad record %s", self.name, b, extra=fields)
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
-        entry = self.store.put(key, tokens, lengths, docs.records, counts, examples,
+        encoded = encode_chunk(key, tokens, lengths, docs.records, counts, examples,
                                chunk.describe(), record_ids, docs.data_start)  # fmt: skip
+        entry = self.store.put_encoded(encoded, body=self.keep_bodies)
+        if self.shared is not None:
+            self.shared.publish(encoded)
         metrics.TOKENIZED_DOCUMENTS.labels(self.spec.name).inc(len(lengths))
         metrics.TOKENIZED_TOKENS.labels(self.spec.name).inc(len(tokens))
         metrics.TOKENIZED_BYTES.labels(self.spec.name).inc(chunk.raw_bytes)
@@ -259,12 +393,25 @@ class DatasetIndex:
     def _record(self, i: int, entry: ChunkIndex, rows: int) -> None:
         self.num_docs[i] = entry.num_docs
         self.num_tokens[i] = entry.num_tokens
-        self.digests[i] = entry.digest
         self.body_bytes[i] = entry.body_bytes
         self.rows_per_chunk[i] = rows
         self.bad_records.update(entry.bad)
         for reason, n in entry.bad.items():
             metrics.BAD_RECORDS.labels(self.spec.name, reason).inc(n)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Move the built prefix of epoch 0's order past every chunk built so far."""
+        n, window, before = len(self.chunks), self.spec.window_chunks, self.rows_built
+        while self.positions_built < n and self.num_docs[self.order0[self.positions_built]] >= 0:
+            self._rows_counted += int(self.rows_per_chunk[self.order0[self.positions_built]])
+            self.positions_built += 1
+            if self.positions_built % window == 0 or self.positions_built == n:
+                self.windows_built = -(-self.positions_built // window)
+                self.rows_built = self._rows_counted
+        if self.rows_built != before:
+            for listener in self.listeners:
+                listener()
 
     def _finish(self) -> None:
         seq_len, rows = self.spec.seq_len, self.rows_per_chunk
@@ -276,8 +423,9 @@ class DatasetIndex:
                 "lower seq_len or chunk_bytes, or add data"
             )
         self.rows_per_epoch = total
-        self.fingerprint = self._fingerprint()
         self.state, self.error = READY, ""
+        for listener in self.listeners:
+            listener()
         log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
                  self.name, len(self.chunks), int(self.num_docs.sum()),
                  int(self.num_tokens.sum()), total)  # fmt: skip
@@ -285,8 +433,13 @@ class DatasetIndex:
     def _fail(self, error: str) -> None:
         self.state, self.error = FAILED, error
         log.error("job %s failed: %s", self.name, error)
+        for listener in self.listeners:
+            listener()
 
     def _fingerprint(self) -> str:
-        """The dataset's content: every chunk's digest, in chunk order."""
-        text = "\n".join([self.dataset.name, *self.digests])
+        """The dataset's inputs, known before anything is tokenized: every chunk's key (which
+        covers its source's URI, size and ETag, its range, the tokenizer's digest and the chunk
+        format version), in chunk order. Tokenization is deterministic, so the inputs decide
+        the tokens; a rebuilt chunk's digest is still checked against the one first indexed."""
+        text = "\n".join([self.dataset.name, *self.keys])
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

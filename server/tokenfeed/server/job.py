@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -25,6 +26,7 @@ from tokenfeed.server.errors import (
     BadRecordError,
     CacheTooSmallError,
     JobFailedError,
+    NotBuiltError,
     NotReadyError,
     RequestError,
     SourceError,
@@ -34,6 +36,7 @@ from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
 from tokenfeed.server.mixture import Phase, Schedule
 from tokenfeed.server.progress import Progress
 from tokenfeed.server.readers import line_number
+from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokenize import TextTokenizer
 from tokenfeed.server.tokstore import TokenChunk, TokenStore
@@ -75,11 +78,12 @@ class _LRU:
 
 
 class Job:
-    def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None):
+    def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None,
+                 shared: SharedStore | None = None):  # fmt: skip
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage = storage = storage or Storage()
         self.tokenizer = TextTokenizer(spec.tokenizer, storage.read_object(spec.tokenizer.path)[1])
-        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage)
+        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage, shared)
                         for d in spec.datasets]  # fmt: skip
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
@@ -91,6 +95,9 @@ class Job:
         self._fingerprint = ""
         self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
         self.progress = Progress()
+        self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
+        for idx in self.indexes:
+            idx.listeners.append(self._on_built)
         store.cache.on_evict(self._forget)
 
     @property
@@ -112,8 +119,9 @@ class Job:
 
     @property
     def fingerprint(self) -> str:
-        """Everything that decides the bytes of a batch; empty until the job is READY."""
-        if not self._fingerprint and self.state == READY:
+        """Everything that decides the bytes of a batch; known once every dataset's chunks are
+        planned (before they are tokenized), empty until then."""
+        if not self._fingerprint and all(i.fingerprint for i in self.indexes):
             s, t = self.spec, self.tokenizer
             parts = [f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}", f"seed={s.seed}",
                      f"packing={s.packing}", f"window={s.window_chunks}", f"eos={t.eos_id}",
@@ -135,6 +143,22 @@ class Job:
             except CacheTooSmallError as e:
                 self.fail(str(e))
         self._ready.set()
+
+    async def servable(self) -> None:
+        """Returns once step 0 can be served (its windows are built), or the build has ended."""
+        while not self._ready.is_set():
+            try:
+                self.plan(0, 0, 1)
+                return
+            except NotBuiltError:
+                pass
+            except (JobFailedError, RequestError):
+                return
+            more = asyncio.ensure_future(self._built_more.wait())
+            ready = asyncio.ensure_future(self._ready.wait())
+            await asyncio.wait([more, ready], return_when=asyncio.FIRST_COMPLETED)
+            more.cancel()
+            ready.cancel()
 
     async def built(self) -> None:
         """Returns once the index build has ended, READY or FAILED."""
@@ -163,21 +187,36 @@ class Job:
     def num_chunks(self) -> int:
         return sum(len(i.chunks) for i in self.indexes)
 
-    async def wait_ready(self, timeout: float) -> None:
-        if not self._ready.is_set() and self.error:
-            # The build failed here and waits to retry: another server can serve sooner.
-            raise NotReadyError(f"job {self.name} cannot be indexed on this server right now "
-                                f"({self.error}); retry on another server")  # fmt: skip
-        if not self._ready.is_set():
+    def _on_built(self) -> None:
+        self._built_more.set()
+        self._built_more = asyncio.Event()
+
+    async def plan_when_built(self, step: int, rank: int, world_size: int, timeout: float):
+        """The plan of one rank's batch, waiting up to `timeout` seconds for the chunks it
+        needs to be built (serving while building: steps are served as soon as their windows
+        are tokenized, in sample order, never from a partial window)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self.state == FAILED:
+                raise JobFailedError(self.error)
             try:
-                await asyncio.wait_for(asyncio.shield(self._ready.wait()), timeout)
-            except TimeoutError:
-                raise NotReadyError(
-                    f"job {self.name} is indexing on this server ({self.chunks_indexed}/"
-                    f"{self.num_chunks} chunks tokenized); retry shortly or elsewhere"
-                ) from None
-        if self.state == FAILED:
-            raise JobFailedError(self.error)
+                return self.plan(step, rank, world_size)
+            except NotBuiltError as e:
+                remaining = deadline - loop.time()
+                if not self._ready.is_set() and any(i.error for i in self.indexes):
+                    # The build failed here and waits to retry: another server can serve sooner.
+                    raise NotReadyError(f"job {self.name} cannot be indexed on this server "
+                                        f"right now ({self.error}); retry on another server",
+                                        retry_after=1.0) from None  # fmt: skip
+                if remaining <= 0:
+                    raise NotReadyError(f"{e}; retry in about {e.retry_after:.0f}s",
+                                        retry_after=e.retry_after) from None  # fmt: skip
+                event = self._built_more
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    pass
 
     # ---------------------------------------------------------------- batches
 
@@ -211,14 +250,21 @@ class Job:
     def plan(self, step: int, rank: int, world_size: int):
         """(rows, [(dataset, epoch, slots, chunk ids, rows in chunk)]) for one rank's rows."""
         self.check_request(step, rank, world_size)
-        if self.state != READY:
-            raise NotReadyError(f"job {self.name} is not ready ({self.state})")
+        if self.state == FAILED:
+            raise JobFailedError(self.error)
         per_rank = self.schedule.batch_size(step) // world_size
         datasets, dataset_rows = self.schedule.rows(step, rank * per_rank, per_rank)
         parts = []
         for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small
             mine = np.nonzero(datasets == d)[0]
-            epochs, within = np.divmod(dataset_rows[mine], self.indexes[d].rows_per_epoch)
+            idx = self.indexes[d]
+            if idx.state == READY:
+                epochs, within = np.divmod(dataset_rows[mine], idx.rows_per_epoch)
+            else:  # still building: only epoch 0's rows of fully built windows are known
+                need = int(dataset_rows[mine].max()) + 1
+                if need > idx.rows_built:
+                    raise NotBuiltError(self._not_built(idx, step, need))
+                epochs, within = np.zeros(len(mine), dtype=np.int64), dataset_rows[mine]
             for epoch in dict.fromkeys(epochs.tolist()):
                 layout = self._layout(d, epoch)
                 sel = epochs == epoch
@@ -227,6 +273,17 @@ class Job:
                 )
                 parts.append((d, epoch, mine[sel], chunk_ids, chunk_rows))
         return per_rank, parts
+
+    def _not_built(self, idx: DatasetIndex, step: int, need: int) -> tuple[str, float]:
+        """Why step cannot be served yet, and a guess of the seconds until it can."""
+        built = idx.positions_built
+        elapsed = max(time.monotonic() - idx.started, 1e-3)
+        rate = idx.rows_built / elapsed  # rows per second built so far
+        eta = (need - idx.rows_built) / rate if rate > 0 else 5.0
+        return (f"step {step} of job {self.name} needs {need} rows of dataset "
+                f"{idx.dataset.name}; {idx.rows_built} rows are built so far ({built}/"
+                f"{len(idx.chunks)} chunks tokenized in sample order)",
+                min(max(eta, 1.0), 600.0))  # fmt: skip
 
     # ---------------------------------------------------------------- the future
 
@@ -281,7 +338,8 @@ class Job:
         consumed, per_step = self.schedule.consumed(step), self.schedule.counts(step)
         out: dict[str, float] = {}
         for d, idx in enumerate(self.indexes):
-            ids = np.array([idx.chunk_of[k] for k in keys if k in idx.chunk_of], dtype=np.int64)
+            found = (idx.keys.get(k) for k in keys)
+            ids = np.array([c for c in found if c is not None], dtype=np.int64)
             if not ids.size:
                 continue
             if idx.state != READY:
@@ -401,18 +459,25 @@ class Job:
     @staticmethod
     def _locate_record(idx: DatasetIndex, c: int, data_start: int, record: int) -> str:
         chunk = idx.chunks[c]
-        if chunk.kind == "parquet":
+        if chunk.kind in ("parquet", "parquet-tokens"):
             return f"row {chunk.start + record}"
+        if chunk.kind == "megatron":  # one document per sequence, counted from 0 like Megatron
+            return f"document {chunk.start + record}"
         store = idx.storage.for_uri(chunk.source.uri)
         return f"line {line_number(store, chunk, data_start, record)}"
 
     def _layout(self, d: int, epoch: int) -> order.EpochLayout:
+        """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over
+        its built windows (chunks not built yet count 0 rows, after them); it is keyed by how
+        many windows are built, so it is remade as the build advances."""
+        idx, s = self.indexes[d], self.spec
+        version = -1 if idx.state == READY else idx.windows_built
+
         def make() -> order.EpochLayout:
-            idx, s = self.indexes[d], self.spec
             return order.epoch_layout(idx.rows_per_chunk, s.seed, idx.dataset.name, epoch,
                                       s.window_chunks)  # fmt: skip
 
-        return self._layouts.get_or_make((d, epoch), make)
+        return self._layouts.get_or_make((d, epoch, version), make)
 
     def _window_perm(self, d: int, epoch: int, w: int) -> np.ndarray:
         layout = self._layout(d, epoch)
@@ -431,7 +496,7 @@ class Job:
         """An evicted body is no longer mapped here (called with the cache's lock held)."""
         kind, key = entry
         for d, idx in enumerate(self.indexes):
-            c = idx.chunk_of.get(key) if kind == "chunk" else None
+            c = idx.keys.get(key) if kind == "chunk" else None
             if c is not None:
                 self._open.discard((d, c))
 

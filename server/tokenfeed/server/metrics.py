@@ -137,6 +137,13 @@ CACHE_DROPPED = Counter(
 )  # fmt: skip
 
 # ---------------------------------------------------------------- object store
+STORE_CHUNKS = Counter(
+    "tokenfeed_shared_store_chunks_total",
+    "Token chunks exchanged with the shared store, by outcome: published (tokenized here), "
+    "indexed (manifest read instead of tokenizing), fetched (body downloaded), taken_over "
+    "(another node's chunk tokenized here).",
+    ["outcome"], registry=REGISTRY,
+)  # fmt: skip
 OBJECT_REQUESTS = Counter(
     "tokenfeed_object_store_requests_total",
     "Object-store requests, by operation (get, head, list) and outcome (ok, retried, error).",

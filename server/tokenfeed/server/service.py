@@ -49,6 +49,9 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
         message = f"internal error: {type(exc).__name__}: {exc}"
     else:
         message = str(exc)
+    retry_after = getattr(exc, "retry_after", 0.0)
+    if retry_after:  # the standard hint gRPC's own retry policy honours
+        context.set_trailing_metadata((("grpc-retry-pushback-ms", str(int(retry_after * 1000))),))
     await context.abort(code, message)
 
 
@@ -86,15 +89,18 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             )
         return job
 
-    async def _ready_job(self, name: str, step: int, rank: int, world_size: int, context) -> Job:
+    def _wait(self, context) -> float:
+        """Seconds a request may wait for its chunks to be built: up to its deadline."""
+        remaining = context.time_remaining()
+        return max(0.0, min(self.max_wait, remaining if remaining is not None else math.inf))
+
+    def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
         job = self._job(name)
         job.check_request(step, rank, world_size)
-        remaining = context.time_remaining()
-        await job.wait_ready(min(self.max_wait, remaining if remaining is not None else math.inf))
         return job
 
-    async def _batch(self, job: Job, step: int, rank: int, world_size: int) -> pb.Batch:
-        plan = job.plan(step, rank, world_size)
+    async def _batch(self, job: Job, step: int, rank: int, world_size: int, context) -> pb.Batch:
+        plan = await job.plan_when_built(step, rank, world_size, self._wait(context))
         job.note_request(step, rank, world_size)
         with job.pinned(plan):  # its chunks stay in the cache until the batch is built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
@@ -110,13 +116,13 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     @_unary
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:
         ws = request.world_size or 1
-        job = await self._ready_job(request.job, request.step, request.rank, ws, context)
-        return await self._batch(job, request.step, request.rank, ws)
+        job = self._checked_job(request.job, request.step, request.rank, ws)
+        return await self._batch(job, request.step, request.rank, ws, context)
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
         try:
             ws = request.world_size or 1
-            job = await self._ready_job(request.job, request.start_step, request.rank, ws, context)
+            job = self._checked_job(request.job, request.start_step, request.rank, ws)
             end = request.end_step or MAX_STEP // job.spec.global_batch_size
             if end <= request.start_step:
                 raise errors.RequestError(
@@ -127,7 +133,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             # contention with the event loop cost more than the overlap gained (bench/).
             for step in range(request.start_step, end):
                 started = time.perf_counter()
-                batch = await self._batch(job, step, request.rank, ws)
+                batch = await self._batch(job, step, request.rank, ws, context)
                 metrics.REQUEST_SECONDS.labels("StreamBatches").observe(
                     time.perf_counter() - started)  # fmt: skip
                 yield batch
@@ -143,10 +149,10 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     @_unary
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
-        job = await self._ready_job(request.job, request.step, request.rank, ws, context)
+        job = self._checked_job(request.job, request.step, request.rank, ws)
+        batch = await self._batch(job, request.step, request.rank, ws, context)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
-        batch = await self._batch(job, request.step, request.rank, ws)
         return pb.Explanation(
             job=job.name, step=request.step, rank=request.rank, world_size=ws,
             fingerprint=batch.fingerprint,

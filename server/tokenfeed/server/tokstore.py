@@ -95,6 +95,68 @@ def decode_idx(raw: bytes | memoryview) -> tuple[np.dtype, np.ndarray, np.ndarra
     return CODE_DTYPES[code], lengths, pointers
 
 
+@dataclass(frozen=True)
+class EncodedChunk:
+    """A chunk's four files as bytes: what is written to the cache and published to a shared
+    store. Deterministic: the same inputs give the same bytes on every node."""
+
+    key: str
+    bin: bytes
+    idx: bytes
+    rec: bytes
+    manifest_bytes: bytes
+    manifest: dict
+
+    @property
+    def body_bytes(self) -> int:
+        return len(self.bin) + len(self.idx) + len(self.rec)
+
+    def verified(self) -> bool:
+        m = self.manifest
+        return (len(self.bin) == m["bin_bytes"] and len(self.idx) == m["idx_bytes"]
+                and len(self.rec) == m["rec_bytes"]
+                and _blake(self.bin) == m["bin_blake2b"] and _blake(self.idx) == m["idx_blake2b"]
+                and _blake(self.rec) == m["rec_blake2b"])  # fmt: skip
+
+
+def _blake(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def encode_chunk(
+    key: str, tokens: np.ndarray, lengths: np.ndarray, records: int, bad: dict[str, int],
+    bad_examples: list[str], source: str, record_ids: np.ndarray | None = None,
+    data_start: int = 0,
+) -> EncodedChunk:  # fmt: skip
+    bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
+    idx_bytes = encode_idx(lengths, tokens.dtype)
+    if record_ids is None:
+        record_ids = np.arange(len(lengths), dtype=np.int64)
+    rec_bytes = np.asarray(record_ids, dtype="<i8").tobytes()
+    manifest = {
+        "manifest_version": MANIFEST_VERSION, "key": key, "source": source,
+        "num_docs": int(len(lengths)), "num_tokens": int(len(tokens)), "records": records,
+        "dtype": tokens.dtype.name, "bad_records": bad, "bad_examples": bad_examples,
+        "bin_bytes": len(bin_bytes), "idx_bytes": len(idx_bytes),
+        "rec_bytes": len(rec_bytes), "data_start": data_start,
+        "bin_blake2b": _blake(bin_bytes), "idx_blake2b": _blake(idx_bytes),
+        "rec_blake2b": _blake(rec_bytes),
+    }  # fmt: skip
+    meta_bytes = json.dumps(manifest, indent=1).encode()
+    return EncodedChunk(key, bin_bytes, idx_bytes, rec_bytes, meta_bytes, manifest)
+
+
+def parse_manifest(key: str, raw: bytes) -> dict:
+    """A manifest's content, checked for consistency; StoreCorruptError if it is not one."""
+    try:
+        m = json.loads(raw)
+    except ValueError:
+        m = None
+    if not TokenStore._consistent(m) or m.get("key") != key:
+        raise StoreCorruptError(f"token chunk {key}: unreadable or inconsistent manifest")
+    return m
+
+
 def _digest(path: Path) -> str:
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
@@ -160,38 +222,52 @@ class TokenStore:
         bad: dict[str, int], bad_examples: list[str], source: str,
         record_ids: np.ndarray | None = None, data_start: int = 0,
     ) -> ChunkIndex:  # fmt: skip
+        return self.put_encoded(encode_chunk(key, tokens, lengths, records, bad, bad_examples,
+                                             source, record_ids, data_start))  # fmt: skip
+
+    def put_encoded(self, chunk: EncodedChunk, body: bool = True) -> ChunkIndex:
+        """Store an encoded chunk: its manifest always, its body if `body` and the cache
+        admits it (a body needed later than everything it would displace is not kept:
+        Belady's bypass; the manifest is, so the index is complete and the body is rebuilt or
+        fetched when it is due)."""
+        key = chunk.key
         bin_path, idx_path, rec_path, meta_path = self._paths(key)
-        bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
-        idx_bytes = encode_idx(lengths, tokens.dtype)
-        if record_ids is None:
-            record_ids = np.arange(len(lengths), dtype=np.int64)
-        rec_bytes = np.asarray(record_ids, dtype="<i8").tobytes()
-        manifest = {
-            "manifest_version": MANIFEST_VERSION, "key": key, "source": source,
-            "num_docs": int(len(lengths)), "num_tokens": int(len(tokens)), "records": records,
-            "dtype": tokens.dtype.name, "bad_records": bad, "bad_examples": bad_examples,
-            "bin_bytes": len(bin_bytes), "idx_bytes": len(idx_bytes),
-            "rec_bytes": len(rec_bytes), "data_start": data_start,
-            "bin_blake2b": hashlib.blake2b(bin_bytes, digest_size=16).hexdigest(),
-            "idx_blake2b": hashlib.blake2b(idx_bytes, digest_size=16).hexdigest(),
-            "rec_blake2b": hashlib.blake2b(rec_bytes, digest_size=16).hexdigest(),
-        }  # fmt: skip
-        meta_bytes = json.dumps(manifest, indent=1).encode()
-        body = len(bin_bytes) + len(idx_bytes) + len(rec_bytes)
-        # A body needed later than everything it would displace is not kept (Belady's bypass):
-        # the manifest is, so the index is complete and the body is rebuilt when it is due.
-        keep = self.cache.admits(("chunk", key), body)
-        with self.cache.reserving(body * keep + len(meta_bytes), f"token chunk {key}"):
+        size = chunk.body_bytes
+        keep = body and self.cache.admits(("chunk", key), size)
+        with self.cache.reserving(size * keep + len(chunk.manifest_bytes), f"token chunk {key}"):
             if keep:
-                write_atomic(bin_path, bin_bytes)
-                write_atomic(idx_path, idx_bytes)
-                write_atomic(rec_path, rec_bytes)
-            write_atomic(meta_path, meta_bytes)  # the commit point
-            self.cache.commit("manifest", key, len(meta_bytes))
+                write_atomic(bin_path, chunk.bin)
+                write_atomic(idx_path, chunk.idx)
+                write_atomic(rec_path, chunk.rec)
+            write_atomic(meta_path, chunk.manifest_bytes)  # the commit point
+            self.cache.commit("manifest", key, len(chunk.manifest_bytes))
             if keep:
                 self._verified.add(key)
-                self.cache.commit("chunk", key, body)
-        return self._index(manifest)
+                self.cache.commit("chunk", key, size)
+        return self._index(chunk.manifest)
+
+    def put_manifest(self, key: str, manifest_bytes: bytes) -> ChunkIndex:
+        """Store a chunk's manifest alone (read from a shared store): the index needs only it;
+        the body is fetched when it is first read."""
+        m = parse_manifest(key, manifest_bytes)
+        meta_path = self._paths(key)[3]
+        with self.cache.reserving(len(manifest_bytes), f"token chunk {key} manifest"):
+            write_atomic(meta_path, manifest_bytes)
+            self.cache.commit("manifest", key, len(manifest_bytes))
+        return self._index(m)
+
+    def encoded(self, key: str) -> EncodedChunk | None:
+        """The chunk's stored files, to publish (None without a complete, verified body)."""
+        m = self._manifest(key)
+        if m is None or not self.has_body(key):
+            return None
+        bin_path, idx_path, rec_path, meta_path = self._paths(key)
+        try:
+            chunk = EncodedChunk(key, bin_path.read_bytes(), idx_path.read_bytes(),
+                                 rec_path.read_bytes(), meta_path.read_bytes(), m)  # fmt: skip
+        except FileNotFoundError:
+            return None
+        return chunk if chunk.verified() else None
 
     @staticmethod
     def _index(m: dict) -> ChunkIndex:
