@@ -38,12 +38,12 @@ class Done:
     tokenized: bool  # False: it was already in the store
 
 
-def _job(config: Config, name: str, keep_bodies: bool) -> Job:
+def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job:
     # An unbounded cache over the cache directory: the build's output is the whole store.
     cache = DiskCache(config.server.cache_dir, 2**62)
     storage = Storage(config.object_store, None)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    job = Job(config.job(name), TokenStore(cache.root, cache), storage, shared)
+    job = Job(config.job(name), TokenStore(cache.root, cache, scan), storage, shared)
     for idx in job.indexes:
         idx.keep_bodies = keep_bodies
     return job
@@ -54,7 +54,7 @@ _worker: Job | None = None
 
 def _init_worker(config: Config, name: str, keep: bool) -> None:
     global _worker
-    _worker = _job(config, name, keep)
+    _worker = _job(config, name, keep, scan=False)  # the parent scanned (and cleaned) first
 
 
 def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
@@ -119,7 +119,7 @@ def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stde
     tokenized = 0
     context = multiprocessing.get_context("spawn")
     for name in names:
-        # The workers start (imports, tokenizer) while this process lists and plans.
+        # Workers spawn at the first submit, after this process scanned (cleaned) the store.
         pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                       initargs=(config, name, keep))  # fmt: skip
         with pool:

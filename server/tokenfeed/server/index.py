@@ -139,6 +139,7 @@ class DatasetIndex:
             except LocalError as e:  # this server's cache or network path: retried here
                 log.warning("job %s: %s; retrying in %.0fs", self.name, e, pause)
                 self.error = f"index build failed on this server: {e}"
+                self._tell()  # waiting requests go elsewhere now
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_SECONDS[1])
             except TokenfeedError as e:
@@ -153,6 +154,7 @@ class DatasetIndex:
                 log.exception("job %s: index build failed here; retrying in %.0fs",
                               self.name, pause)  # fmt: skip
                 self.error = f"index build failed on this server: {type(e).__name__}: {e}"
+                self._tell()
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_SECONDS[1])
 
@@ -429,6 +431,10 @@ class DatasetIndex:
         log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
                  self.name, len(self.chunks), int(self.num_docs.sum()),
                  int(self.num_tokens.sum()), total)  # fmt: skip
+
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def _fail(self, error: str) -> None:
         self.state, self.error = FAILED, error

@@ -6,7 +6,6 @@ import asyncio
 import collections
 import functools
 import logging
-import math
 import time
 from concurrent.futures import Executor
 
@@ -92,7 +91,10 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     def _wait(self, context) -> float:
         """Seconds a request may wait for its chunks to be built: up to its deadline."""
         remaining = context.time_remaining()
-        return max(0.0, min(self.max_wait, remaining if remaining is not None else math.inf))
+        if remaining is None:
+            return self.max_wait
+        # Answer before the client's deadline does, so it hears UNAVAILABLE and why.
+        return max(0.0, min(self.max_wait, remaining - min(0.5, remaining / 10)))
 
     def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
         job = self._job(name)

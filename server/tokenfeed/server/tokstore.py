@@ -169,13 +169,15 @@ class TokenStore:
     """Token chunks in the disk cache: bodies (`chunk` entries, evictable) and manifests
     (`manifest` entries, kept: the index of every job is computed from them)."""
 
-    def __init__(self, root: str | Path, cache: DiskCache | None = None):
+    def __init__(self, root: str | Path, cache: DiskCache | None = None, scan: bool = True):
         # Without a cache (tools, tests), an unbounded one over the same directory.
         self.cache = cache if cache is not None else DiskCache(root, 2**62)
         self.root = self.cache.root / "tokens"
         self.root.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
-        manifests, bodies = self._scan()
+        # Without `scan` (the worker processes of `tokenfeed build`, whose parent scanned),
+        # nothing is removed: another process's temporary files are its writes in progress.
+        manifests, bodies = self._scan() if scan else ([], [])
         self.cache.register(Kind("manifest", lambda: manifests, self._delete_all, False))
         self.cache.register(Kind("chunk", lambda: bodies, self._delete_body))
 
