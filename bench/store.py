@@ -98,18 +98,11 @@ def _index(lookups: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in MB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _hwm_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -123,7 +116,7 @@ def index_child(lookups: int) -> None:
     from tokenfeed.server.index import READY
     from tokenfeed.server.storage import ObjectInfo
 
-    base = _rss_mb()
+    base = _status_mb("VmRSS")
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenfeed-bench-index-{os.getpid()}"
     tok = democorpus.prepare(Path(__file__).resolve().parent / "out" / "democorpus")[1]
     raw = {
@@ -145,14 +138,13 @@ def index_child(lookups: int) -> None:
     idx.adopt(chunks)
     rng = np.random.default_rng(0)
     n = len(chunks)
-    for i in range(n):  # what the build records for each chunk, without tokenizing
-        idx.num_docs[i] = 8000
+    idx.num_docs[:] = 8000  # what the build records for each chunk, without tokenizing
     idx.num_tokens[:] = TOKENS_PER_CHUNK + rng.integers(-(10**6), 10**6, n)
     idx.rows_per_chunk[:] = idx.num_tokens // (SEQ_LEN + 1)
     idx.rows_per_epoch = int(idx.rows_per_chunk.sum())
     idx.state = READY
     planned = time.perf_counter() - started
-    after_index = _rss_mb()
+    after_index = _status_mb("VmRSS")
     steps_per_epoch = idx.rows_per_epoch // BATCH
     cold, warm = {}, {}
     for m in MAGNITUDES:
@@ -170,8 +162,8 @@ def index_child(lookups: int) -> None:
     print(json.dumps({
         "chunks": n, "objects": n // CHUNKS_PER_OBJECT,
         "tokens": int(idx.num_tokens.sum()), "steps_per_epoch": steps_per_epoch,
-        "rss_base_mb": base, "rss_index_mb": after_index, "rss_end_mb": _rss_mb(),
-        "hwm_mb": _hwm_mb(), "plan_seconds": planned,
+        "rss_base_mb": base, "rss_index_mb": after_index, "rss_end_mb": _status_mb("VmRSS"),
+        "hwm_mb": _status_mb("VmHWM"), "plan_seconds": planned,
         "cold": {str(k): v for k, v in cold.items()}, "warm": {str(k): v for k, v in warm.items()},
     }))  # fmt: skip
 

@@ -73,11 +73,10 @@ def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
 class Progress:
     """One line: chunks, documents, tokens, MB/s of source, ETA; redrawn in place on a TTY."""
 
-    def __init__(self, out: TextIO, total_chunks: int, total_bytes: int, done: int, interval=1.0):
+    def __init__(self, out: TextIO, total_chunks: int, total_bytes: int, interval=1.0):
         self.out, self.interval = out, interval
         self.total_chunks, self.total_bytes = total_chunks, total_bytes
-        self.chunks, self.skipped = done, done
-        self.docs = self.tokens = self.bytes = self.tokenized = 0
+        self.chunks = self.skipped = self.docs = self.tokens = self.bytes = self.tokenized = 0
         self.started = self._drawn = time.monotonic()
         self.tty = out.isatty()
 
@@ -134,16 +133,14 @@ def _build_job(config: Config, name: str, keep: bool, workers: int,
         idx._plan()
     todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
     # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
-    done_before = [(d, i) for d, i in todo if job.indexes[d].store.get_index(
-        job.indexes[d].keys[i]) is not None]  # fmt: skip
-    total_bytes = sum(idx.chunks[i].raw_bytes for d, idx in enumerate(job.indexes)
-                      for i in range(len(idx.chunks)))  # fmt: skip
-    before = {(d, i) for d, i in done_before}
+    before = {(d, i) for d, i in todo
+              if job.indexes[d].store.get_index(job.indexes[d].keys[i]) is not None}  # fmt: skip
+    total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
     print(f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
           f"{total_bytes / 1e6:.1f} MB of sources; {len(before)} already in the store, "
           f"building the rest with {workers} process(es)", file=out, flush=True)  # fmt: skip
-    progress = Progress(out, len(todo), total_bytes, 0)
-    for d, i in done_before:
+    progress = Progress(out, len(todo), total_bytes)
+    for d, i in before:
         idx = job.indexes[d]
         entry, rows = idx._index_chunk(i)
         idx._record(i, entry, rows)
