@@ -38,7 +38,7 @@ class PackingCase:
     bestfit_rows: int
     concat_rows: int
     padding: float  # best_fit: padding input slots / input slots
-    dropped: float  # concat: tokens of the chunk's stream in no row / stream tokens
+    dropped: float  # concat: tokens of the chunk's stream read on into the next chunk
     layout_seconds: list[float]  # bestfit_layout
     count_seconds: list[float]  # bestfit_rows, what the index computes per chunk
     stream_seconds: list[float]  # concat_stream, concat's counterpart of the layout
@@ -89,7 +89,7 @@ def case(sizes: PackingSizes, seq_len: int, rng, tokens, offsets, lengths) -> Pa
     stream, stream_seconds = timed(
         lambda: packing.concat_stream(offsets, lengths, order, ADD_BOS), sizes.repeats
     )
-    n_concat = packing.concat_rows(int(lengths.sum()), len(lengths), seq_len, ADD_BOS)
+    n_concat = (stream.total - 1) // seq_len  # rows inside this chunk; the tail reads on
 
     def fit(rows):
         return bestfit.bestfit_rows_at(layout, offsets, tokens, rows, seq_len, BOS_ID, EOS_ID,

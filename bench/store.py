@@ -140,8 +140,8 @@ def index_child(lookups: int) -> None:
     n = len(chunks)
     idx.num_docs[:] = 8000  # what the build records for each chunk, without tokenizing
     idx.num_tokens[:] = TOKENS_PER_CHUNK + rng.integers(-(10**6), 10**6, n)
-    idx.rows_per_chunk[:] = idx.num_tokens // (SEQ_LEN + 1)
-    idx.rows_per_epoch = int(idx.rows_per_chunk.sum())
+    idx.units_per_chunk[:] = idx.num_tokens + idx.num_docs  # each document ends with EOS
+    idx.units_per_epoch = int(idx.units_per_chunk.sum())
     idx.state = READY
     planned = time.perf_counter() - started
     after_index = _status_mb("VmRSS")

@@ -33,9 +33,8 @@ def first_use(job, start: int, steps: int) -> dict[str, int]:
     """Brute force: the first step at or after `start` whose global batch reads each chunk."""
     seen: dict[str, int] = {}
     for step in range(start, start + steps):
-        for d, _, _, chunk_ids, _ in job.plan(step, 0, 1)[1]:
-            for c in chunk_ids.tolist():
-                seen.setdefault(job.indexes[d].keys[c], step)
+        for d, _, c in sorted(job.plan_chunks(job.plan(step, 0, 1))):
+            seen.setdefault(job.indexes[d].keys[c], step)
     return seen
 
 
@@ -46,7 +45,7 @@ def test_next_use_agrees_with_the_batches_served(job, furthest):
     estimate = job.next_use(keys)
     actual = first_use(job, furthest, 3 * job.steps_per_epoch)
     assert set(estimate) == set(keys)
-    never = set(keys) - set(actual)  # chunks too short to pack into one row
+    never = set(keys) - set(actual)  # chunks that hold no unit of the stream
     assert all(estimate[k] == float("inf") for k in never)
     window_of = {}
     for key in actual:

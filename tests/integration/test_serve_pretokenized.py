@@ -49,11 +49,15 @@ def served_form(doc: list[int]) -> list[int]:
 
 
 def serve_epoch(proc: ServerProcess, job: str) -> tuple[dict, list]:
-    """(DescribeJob, [(input_ids, segment_ids, Explain pieces)] for every row of epoch 0)."""
+    """(DescribeJob, [(input_ids, segment_ids, Explain pieces)] for every row that starts in
+    epoch 0: ceil(U / seq_len) rows, U the epoch's tokens and EOS, the last one reading on into
+    epoch 1)."""
     rows, info = [], proc.wait_ready(job)
     with proc.client(job, timeout=60) as c:
         assert info["state"] == "JOB_STATE_READY", (info["error"], proc.log())
-        total, batch = int(info["rows_per_epoch"]), int(info["global_batch_size"])
+        units = int(info["num_tokens"]) + int(info["num_documents"])
+        total = -(-units // int(info["seq_len"]))
+        batch = int(info["global_batch_size"])
         for step in range(-(-total // batch)):
             b, why = c.get_batch(step), c.explain(step)
             assert why["fingerprint"] == b.fingerprint
@@ -65,7 +69,7 @@ def serve_epoch(proc: ServerProcess, job: str) -> tuple[dict, list]:
 
 def check_epoch(proc: ServerProcess, job: str, expected: Expected) -> dict:
     info, rows = serve_epoch(proc, job)
-    seq_len, chunks = int(info["seq_len"]), int(info["num_chunks"])
+    seq_len = int(info["seq_len"])
     docs = [d for per_source in expected.values() for d in per_source.values()]
     assert int(info["num_documents"]) == len(docs)
 
@@ -76,9 +80,9 @@ def check_epoch(proc: ServerProcess, job: str, expected: Expected) -> dict:
             piece = "," + ",".join(map(str, ids[seg == s].tolist())) + ","
             assert piece in haystack
 
-    # (b) with Explain: pieces read back from the written documents and tile them once
-    covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    eos_served = 0
+    # (b) with Explain: pieces read back from the written documents and cover each of them
+    covered: dict[tuple[str, int], np.ndarray] = {}
+    eos_served = served = 0
     for ids, _, pieces in rows:
         eos_served += int((ids == EOS).sum())  # no written document holds EOS inside
         for p in pieces:
@@ -87,15 +91,15 @@ def check_epoch(proc: ServerProcess, job: str, expected: Expected) -> dict:
             doc = expected[p["source"]][int(number)]  # a KeyError: a bad record was served
             a, b = p["token_start"], p["token_end"]
             assert ids[p["row_start"] : p["row_end"]].tolist() == doc[a:b]
-            covered.setdefault((p["source"], int(number)), []).append((a, b))
-    served = 0
-    for ranges in covered.values():
-        ranges.sort()
-        assert ranges[0][0] == 0 and all(x[1] == y[0] for x, y in zip(ranges, ranges[1:],
-                                                                      strict=False))  # fmt: skip
-        served += ranges[-1][1]
-    missing = sum(map(len, docs)) - served
-    assert 0 <= missing < chunks * (seq_len + 1)
+            key = (p["source"], int(number))
+            covered.setdefault(key, np.zeros(len(doc), dtype=np.int64))[a:b] += 1
+            served += b - a
+    # Every token of every document at least once; the rest (the last row reading on into
+    # epoch 1) is less than one row.
+    assert len(covered) == len(docs)
+    assert all((c >= 1).all() for c in covered.values())
+    units = sum(map(len, docs)) + len(docs)
+    assert 0 <= served - sum(map(len, docs)) <= len(rows) * seq_len - units
     # (c) nothing else in the rows: document tokens and one EOS after each
     assert served + eos_served == len(rows) * seq_len
     return info

@@ -10,7 +10,8 @@ from tokenfeed.server.order import (
     ROUNDS,
     document_order,
     epoch_layout,
-    locate_rows,
+    locate_units,
+    natural_rows,
     permute,
     round_keys,
     window_order,
@@ -137,9 +138,29 @@ def test_permute_rejects_out_of_range_indices(index):
 # -- epoch layout ----------------------------------------------------------------------------
 
 
+# Rows of whole units (best_fit's rows: per_row = span = 1): row r of epoch e is unit r - e*U.
+
+
+def layout_of(units, seed, dataset, epoch, window_chunks):
+    units = np.asarray(units, dtype=np.int64)
+    return epoch_layout(units, seed, dataset, epoch, window_chunks, 1, int(units.sum()))
+
+
+def rows_of(layout) -> np.ndarray:
+    return np.arange(layout.first_row, layout.end_row)
+
+
+def locate_rows(layout, rows, window_perm=None):
+    """(chunk, row within chunk) of each served row of the layout's epoch."""
+    natural = natural_rows(layout, rows, window_perm)
+    pieces = locate_units(natural, 1, layout.units, lambda e: layout)
+    assert np.array_equal(pieces.row, np.arange(len(rows)))  # one unit, one piece
+    return pieces.chunk, pieces.lo
+
+
 def window_of_rows(layout) -> np.ndarray:
     """Window index of every epoch row, from the layout's prefix sums alone."""
-    sizes = np.diff(layout.window_cum)
+    sizes = np.diff(layout.window_rows)
     return np.repeat(np.arange(len(sizes)), sizes)
 
 
@@ -154,14 +175,14 @@ def test_every_row_of_an_epoch_maps_to_a_distinct_chunk_row(
     rows_per_chunk, window_chunks, seed, epoch
 ):
     rpc = np.array(rows_per_chunk, dtype=np.int64)
-    layout = epoch_layout(rpc, seed, "ds", epoch, window_chunks)
+    layout = layout_of(rpc, seed, "ds", epoch, window_chunks)
     n = len(rpc)
     assert sorted(layout.chunk_order.tolist()) == list(range(n))
-    assert layout.rows == rpc.sum()
+    assert layout.end_row - layout.first_row == rpc.sum()
 
-    chunks, within = locate_rows(layout, np.arange(layout.rows))
+    chunks, within = locate_rows(layout, rows_of(layout))
     # A cached, materialised window permutation must give exactly the direct computation.
-    cached = locate_rows(layout, np.arange(layout.rows), lambda w: window_order(layout, w))
+    cached = locate_rows(layout, rows_of(layout), lambda w: window_order(layout, w))
     assert np.array_equal(cached[0], chunks) and np.array_equal(cached[1], within)
     pairs = list(zip(chunks.tolist(), within.tolist(), strict=True))
     expected = {(c, r) for c in range(n) for r in range(rpc[c])}
@@ -179,8 +200,8 @@ def test_zero_row_chunks_and_empty_windows_are_skipped():
     # Whole windows of empty chunks produce repeated prefix sums; rows must not land in them.
     rpc = np.array([0, 0, 5, 0, 0, 0, 3, 0, 0, 7, 0, 0])
     for window_chunks in (1, 2, 3, 5):
-        layout = epoch_layout(rpc, 3, "ds", 0, window_chunks)
-        chunks, within = locate_rows(layout, np.arange(layout.rows))
+        layout = layout_of(rpc, 3, "ds", 0, window_chunks)
+        chunks, within = locate_rows(layout, rows_of(layout))
         assert set(chunks.tolist()) == {2, 6, 9}
         assert (within < rpc[chunks]).all()
         assert len(set(zip(chunks.tolist(), within.tolist(), strict=True))) == 15
@@ -188,13 +209,13 @@ def test_zero_row_chunks_and_empty_windows_are_skipped():
 
 def test_window_order_is_the_permutation_of_each_window():
     rpc = np.random.default_rng(3).integers(1, 30, size=20)
-    layout = epoch_layout(rpc, 5, "ds", 1, 6)
-    sizes = np.diff(layout.window_cum)
+    layout = layout_of(rpc, 5, "ds", 1, 6)
+    sizes = np.diff(layout.window_rows)
     for w, size in enumerate(sizes.tolist()):
         perm = window_order(layout, w)
         assert sorted(perm.tolist()) == list(range(size))
     # Windows are keyed separately: equal-sized windows are not shuffled alike.
-    even = epoch_layout(np.full(20, 10), 5, "ds", 1, 5)
+    even = layout_of(np.full(20, 10), 5, "ds", 1, 5)
     perms = {window_order(even, w).tobytes() for w in range(4)}
     assert len(perms) == 4
 
@@ -203,8 +224,8 @@ def test_window_order_of_an_empty_window_is_empty():
     # Chunks may pack to zero rows, so a whole window can be empty; asking for its order (a
     # prefetcher walking the windows would) should not raise.
     # One non-empty chunk among seven, windows of two: whatever the order, windows are empty.
-    layout = epoch_layout(np.array([0, 0, 0, 0, 0, 0, 4]), 0, "ds", 0, 2)
-    empty = [w for w in range(4) if layout.window_cum[w + 1] == layout.window_cum[w]]
+    layout = layout_of(np.array([0, 0, 0, 0, 0, 0, 4]), 0, "ds", 0, 2)
+    empty = [w for w in range(4) if layout.window_rows[w + 1] == layout.window_rows[w]]
     assert len(empty) == 3
     assert window_order(layout, empty[0]).shape == (0,)
 
@@ -213,8 +234,8 @@ def test_rows_within_a_window_are_shuffled():
     # One window of many chunks: the second bijection must mix rows across chunks, not serve
     # each chunk's rows back to back.
     rpc = np.full(16, 50)
-    layout = epoch_layout(rpc, 0, "ds", 0, window_chunks=16)
-    chunks, within = locate_rows(layout, np.arange(layout.rows))
+    layout = layout_of(rpc, 0, "ds", 0, window_chunks=16)
+    chunks, within = locate_rows(layout, rows_of(layout))
     first = chunks[:50]
     assert len(set(first.tolist())) > 8
     assert not np.array_equal(within, np.sort(within))
@@ -223,31 +244,31 @@ def test_rows_within_a_window_are_shuffled():
 def test_locate_rows_is_random_access():
     # Any subset of rows, in any order, maps exactly as in the full epoch (no hidden state).
     rpc = np.random.default_rng(0).integers(0, 20, size=60)
-    layout = epoch_layout(rpc, 9, "ds", 2, 4)
-    chunks, within = locate_rows(layout, np.arange(layout.rows))
-    pick = np.random.default_rng(1).permutation(layout.rows)[:100]
-    c2, w2 = locate_rows(epoch_layout(rpc, 9, "ds", 2, 4), pick)
-    assert np.array_equal(c2, chunks[pick])
-    assert np.array_equal(w2, within[pick])
+    layout = layout_of(rpc, 9, "ds", 2, 4)
+    chunks, within = locate_rows(layout, rows_of(layout))
+    pick = layout.first_row + np.random.default_rng(1).permutation(len(rows_of(layout)))[:100]
+    c2, w2 = locate_rows(layout_of(rpc, 9, "ds", 2, 4), pick)
+    assert np.array_equal(c2, chunks[pick - layout.first_row])
+    assert np.array_equal(w2, within[pick - layout.first_row])
 
 
 def test_different_epochs_give_different_orders():
     rpc = np.full(50, 10)
     seqs = []
     for epoch in range(4):
-        layout = epoch_layout(rpc, 0, "ds", epoch, 5)
-        chunks, within = locate_rows(layout, np.arange(layout.rows))
+        layout = layout_of(rpc, 0, "ds", epoch, 5)
+        chunks, within = locate_rows(layout, rows_of(layout))
         seqs.append((layout.chunk_order.tobytes(), chunks.tobytes() + within.tobytes()))
     assert len({chunk_order for chunk_order, _ in seqs}) == 4
     assert len({rows for _, rows in seqs}) == 4
     # The dataset name keys the order too: two datasets with one seed do not march in step.
-    other = epoch_layout(rpc, 0, "other", 0, 5)
-    assert not np.array_equal(other.chunk_order, epoch_layout(rpc, 0, "ds", 0, 5).chunk_order)
+    other = layout_of(rpc, 0, "other", 0, 5)
+    assert not np.array_equal(other.chunk_order, layout_of(rpc, 0, "ds", 0, 5).chunk_order)
 
 
 @pytest.mark.parametrize("rows", [[-1], [100], [0, 100]])
 def test_locate_rows_rejects_rows_outside_the_epoch(rows):
-    layout = epoch_layout(np.full(10, 10), 0, "ds", 0, 3)
+    layout = layout_of(np.full(10, 10), 0, "ds", 0, 3)
     with pytest.raises(ValueError, match="out of range"):
         locate_rows(layout, np.array(rows))
 

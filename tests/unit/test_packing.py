@@ -1,4 +1,5 @@
-"""Concat packing: rows cut from one stream of `[BOS] tokens EOS` segments."""
+"""Concat packing: rows cut from one stream of `[BOS] tokens EOS` segments (here one chunk's
+stream on its own; tests/unit/test_stream_rows.py covers rows that run across chunks)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.packing import TENSOR_NAMES, concat_rows, concat_rows_at, concat_stream
+from tokenfeed.server.packing import TENSOR_NAMES, concat_rows_at, concat_stream, concat_units
 
 BOS, EOS = 1, 2
+
+
+def concat_rows(tokens: int, docs: int, seq_len: int, add_bos: bool) -> int:
+    """Rows whose L + 1 tokens lie inside a stream of this chunk alone."""
+    return max(0, (concat_units(tokens, docs, add_bos) - 1) // seq_len)
 
 
 def make_chunk(lengths: list[int], dtype=np.int32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ class Done:
     dataset: int
     chunk: int
     entry: ChunkIndex
-    rows: int
+    units: int  # in the dataset's stream (index.py)
     raw_bytes: int
     tokenized: bool  # False: it was already in the store
 
@@ -66,8 +66,8 @@ def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
     had = idx.store.get_index(key) is not None or (
         idx.shared is not None and idx.shared.manifest(key) is not None
     )
-    entry, rows = idx._index_chunk(0)
-    return Done(d, i, entry, rows, chunk.raw_bytes, not had)
+    entry, units = idx._index_chunk(0)
+    return Done(d, i, entry, units, chunk.raw_bytes, not had)
 
 
 class Progress:
@@ -142,15 +142,15 @@ def _build_job(config: Config, name: str, keep: bool, workers: int,
     progress = Progress(out, len(todo), total_bytes)
     for d, i in before:
         idx = job.indexes[d]
-        entry, rows = idx._index_chunk(i)
-        idx._record(i, entry, rows)
-        progress.add(Done(d, i, entry, rows, idx.chunks[i].raw_bytes, False))
+        entry, units = idx._index_chunk(i)
+        idx._record(i, entry, units)
+        progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
     futures = [pool.submit(_build_chunk, d, i, job.indexes[d].chunks[i])
                for d, i in todo if (d, i) not in before]  # fmt: skip
     try:
         for future in cf.as_completed(futures):
             done = future.result()
-            job.indexes[done.dataset]._record(done.chunk, done.entry, done.rows)
+            job.indexes[done.dataset]._record(done.chunk, done.entry, done.units)
             progress.add(done)
     except BaseException:
         for f in futures:

@@ -107,19 +107,33 @@ class DatasetIndex:
         self.body_bytes = np.zeros(0, dtype=np.int64)
         self.bad_records: Counter[str] = Counter()
         self.state, self.error, self.fingerprint = INDEXING, "", ""
-        self.rows_per_chunk = np.zeros(0, dtype=np.int64)
-        self.rows_per_epoch = 0
+        # The dataset's stream (order.py): units per chunk (concat: tokens of the chunk's packed
+        # stream; best_fit: its rows); row r is units [r*per_row, r*per_row + span).
+        if spec.packing == "concat":
+            self.per_row, self.span = spec.seq_len, spec.seq_len + 1
+        else:
+            self.per_row, self.span = 1, 1
+        self.units_per_chunk = np.zeros(0, dtype=np.int64)
+        self.units_per_epoch = 0  # known once READY
         # Serving while building: chunks are built in epoch 0's order, and the rows of the
-        # leading windows whose chunks are all built can be served before the rest exists.
+        # leading windows whose chunks (and the units their last row reads on into) are all
+        # built can be served before the rest exists.
         self.order0 = np.zeros(0, dtype=np.int64)  # epoch 0's chunk order
         self.position0 = np.zeros(0, dtype=np.int64)  # its inverse
         self.positions_built = 0  # leading positions of that order whose chunks are built
-        self.windows_built = 0  # leading windows whose chunks are all built
+        self.windows_built = 0  # leading windows whose rows can all be served
         self.rows_built = 0  # rows of those windows: epoch-0 rows [0, rows_built) are known
-        self._rows_counted = 0  # rows of the first `positions_built` positions
+        self._units_counted = 0  # units of the first `positions_built` positions
+        self._window_ends: list[int] = []  # units before each window boundary built so far
         self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
         self.started = time.monotonic()
         self._cancel = threading.Event()
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows that start in an epoch, at least (an epoch's first and last rows may be shared
+        with its neighbours: rows run on from one epoch into the next)."""
+        return self.units_per_epoch // self.per_row
 
     @property
     def chunks_indexed(self) -> int:
@@ -238,7 +252,7 @@ class DatasetIndex:
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
         self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
-        self.rows_per_chunk = np.zeros(len(chunks), dtype=np.int64)
+        self.units_per_chunk = np.zeros(len(chunks), dtype=np.int64)
         n = len(chunks)
         self.order0 = order.permute(
             np.arange(n), n, order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
@@ -277,12 +291,11 @@ class DatasetIndex:
         return self._index_chunk(i)
 
     def _index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
-        """Runs in a worker thread: the chunk's entry and the rows it packs into."""
+        """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
         if self.spec.packing == "concat":
             entry = self.ensure_chunk(i)
-            rows = packing.concat_rows(entry.num_tokens, entry.num_docs, self.spec.seq_len,
-                                       self.tokenizer.add_bos)  # fmt: skip
-            return entry, rows
+            return entry, packing.concat_units(entry.num_tokens, entry.num_docs,
+                                               self.tokenizer.add_bos)  # fmt: skip
         # best_fit needs every document's length, not just the totals: the body is opened
         entry, chunk = self.open_body(i)
         return entry, bestfit.bestfit_rows(chunk.doc_lengths, self.spec.seq_len,
@@ -392,45 +405,52 @@ class DatasetIndex:
                 f"(set bad_records: skip to skip, count and log such records)"
             )
 
-    def _record(self, i: int, entry: ChunkIndex, rows: int) -> None:
+    def _record(self, i: int, entry: ChunkIndex, units: int) -> None:
         self.num_docs[i] = entry.num_docs
         self.num_tokens[i] = entry.num_tokens
         self.body_bytes[i] = entry.body_bytes
-        self.rows_per_chunk[i] = rows
+        self.units_per_chunk[i] = units
         self.bad_records.update(entry.bad)
         for reason, n in entry.bad.items():
             metrics.BAD_RECORDS.labels(self.spec.name, reason).inc(n)
         self._advance()
 
     def _advance(self) -> None:
-        """Move the built prefix of epoch 0's order past every chunk built so far."""
+        """Move the built prefix of epoch 0's order past every chunk built so far, and the
+        servable rows past every window whose rows read only built units."""
         n, window, before = len(self.chunks), self.spec.window_chunks, self.rows_built
         while self.positions_built < n and self.num_docs[self.order0[self.positions_built]] >= 0:
-            self._rows_counted += int(self.rows_per_chunk[self.order0[self.positions_built]])
+            self._units_counted += int(self.units_per_chunk[self.order0[self.positions_built]])
             self.positions_built += 1
-            if self.positions_built % window == 0 or self.positions_built == n:
-                self.windows_built = -(-self.positions_built // window)
-                self.rows_built = self._rows_counted
+            if self.positions_built % window == 0 and self.positions_built < n:
+                self._window_ends.append(self._units_counted)
+        # A window's rows are servable once the units its last row reads are built; the last
+        # window's last row reads on into epoch 1, which waits for the whole epoch (READY).
+        while self.windows_built < len(self._window_ends):
+            end_row = -(-self._window_ends[self.windows_built] // self.per_row)
+            if (end_row - 1) * self.per_row + self.span > self._units_counted:
+                break
+            self.windows_built += 1
+            self.rows_built = max(end_row, 0)
         if self.rows_built != before:
             for listener in self.listeners:
                 listener()
 
     def _finish(self) -> None:
-        seq_len, rows = self.spec.seq_len, self.rows_per_chunk
-        total = int(rows.sum())
-        if total == 0:
+        seq_len, total = self.spec.seq_len, int(self.units_per_chunk.sum())
+        if total < self.span:
             raise SourceError(
                 f"job {self.name}: the corpus yields no row of seq_len {seq_len} "
                 f"({int(self.num_tokens.sum())} tokens in {len(self.chunks)} chunks); "
-                "lower seq_len or chunk_bytes, or add data"
+                "lower seq_len, or add data"
             )
-        self.rows_per_epoch = total
+        self.units_per_epoch = total
         self.state, self.error = READY, ""
         for listener in self.listeners:
             listener()
         log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
                  self.name, len(self.chunks), int(self.num_docs.sum()),
-                 int(self.num_tokens.sum()), total)  # fmt: skip
+                 int(self.num_tokens.sum()), self.rows_per_epoch)  # fmt: skip
 
     def _tell(self) -> None:
         for listener in self.listeners:

@@ -17,6 +17,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tokenfeed.server import bestfit, metrics, order, packing
@@ -77,6 +79,23 @@ class _LRU:
         return value
 
 
+@dataclass(frozen=True)
+class PlanPart:
+    """The rows of one dataset in one rank's batch: `slots` are their places in the batch,
+    `epochs` the epoch each starts in, `pieces` where their units live (order.Pieces, whose
+    `row` indexes `slots`)."""
+
+    dataset: int
+    slots: np.ndarray
+    epochs: np.ndarray
+    pieces: order.Pieces
+
+
+class Plan(NamedTuple):
+    rows: int  # rows of the rank's batch
+    parts: list[PlanPart]
+
+
 class Job:
     def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None,
                  shared: SharedStore | None = None):  # fmt: skip
@@ -123,7 +142,8 @@ class Job:
         planned (before they are tokenized), empty until then."""
         if not self._fingerprint and all(i.fingerprint for i in self.indexes):
             s, t = self.spec, self.tokenizer
-            parts = [f"format={CHUNK_FORMAT_VERSION}", f"seq_len={s.seq_len}", f"seed={s.seed}",
+            parts = [f"format={CHUNK_FORMAT_VERSION}", f"packing_version={packing.PACKING_VERSION}",
+                     f"seq_len={s.seq_len}", f"seed={s.seed}",
                      f"packing={s.packing}", f"window={s.window_chunks}", f"eos={t.eos_id}",
                      f"bos={t.bos_id}", f"add_bos={t.add_bos}"]  # fmt: skip
             parts += [f"phase={p.start_step}|{p.global_batch_size}|"
@@ -166,12 +186,12 @@ class Job:
 
     def working_set(self, parallel: int) -> int:
         """Cache bytes the job needs to make progress: its largest window of token chunks in
-        each dataset (plus one chunk being rebuilt), and the raw data of the chunks being
-        tokenized at once."""
+        each dataset (plus one chunk being rebuilt, and the next window's first chunk, which a
+        window's last row reads into), and the raw data of the chunks being tokenized at once."""
         total, raw = 0, 0
         for idx in self.indexes:
             sizes = np.sort(idx.body_bytes)[::-1]
-            total += int(sizes[: self.spec.window_chunks + 1].sum())
+            total += int(sizes[: self.spec.window_chunks + 2].sum())
             raw = max(raw, idx.raw_working_set(parallel))
         return total + raw
 
@@ -247,8 +267,8 @@ class Job:
         if not 0 <= rank < world_size:
             raise RequestError(f"rank must be in [0, {world_size}), got {rank}")
 
-    def plan(self, step: int, rank: int, world_size: int):
-        """(rows, [(dataset, epoch, slots, chunk ids, rows in chunk)]) for one rank's rows."""
+    def plan(self, step: int, rank: int, world_size: int) -> Plan:
+        """Where each row of one rank's batch lives: pure order arithmetic, no data read."""
         self.check_request(step, rank, world_size)
         if self.state == FAILED:
             raise JobFailedError(self.error)
@@ -257,22 +277,34 @@ class Job:
         parts = []
         for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small
             mine = np.nonzero(datasets == d)[0]
-            idx = self.indexes[d]
+            idx, rows = self.indexes[d], dataset_rows[mine]
             if idx.state == READY:
-                epochs, within = np.divmod(dataset_rows[mine], idx.rows_per_epoch)
+                epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
             else:  # still building: only epoch 0's rows of fully built windows are known
-                need = int(dataset_rows[mine].max()) + 1
+                need = int(rows.max()) + 1
                 if need > idx.rows_built:
                     raise NotBuiltError(self._not_built(idx, step, need))
-                epochs, within = np.zeros(len(mine), dtype=np.int64), dataset_rows[mine]
+                epochs = np.zeros(len(mine), dtype=np.int64)
+            natural = np.empty_like(rows)
             for epoch in dict.fromkeys(epochs.tolist()):
-                layout = self._layout(d, epoch)
                 sel = epochs == epoch
-                chunk_ids, chunk_rows = order.locate_rows(
-                    layout, within[sel], lambda w, d=d, e=epoch: self._window_perm(d, e, w)
-                )
-                parts.append((d, epoch, mine[sel], chunk_ids, chunk_rows))
-        return per_rank, parts
+                natural[sel] = order.natural_rows(
+                    self._layout(d, epoch), rows[sel],
+                    lambda w, d=d, e=epoch: self._window_perm(d, e, w),
+                )  # fmt: skip
+            pieces = order.locate_units(natural * idx.per_row, idx.span, idx.units_per_epoch,
+                                        lambda e, d=d: self._layout(d, e))  # fmt: skip
+            parts.append(PlanPart(d, mine, epochs, pieces))
+        return Plan(per_rank, parts)
+
+    @staticmethod
+    def plan_chunks(plan: Plan) -> set[tuple[int, int, int]]:
+        """The (dataset, epoch, chunk) stretches a plan reads."""
+        out = set()
+        for p in plan.parts:
+            pairs = zip(p.pieces.epoch.tolist(), p.pieces.chunk.tolist(), strict=True)
+            out.update((p.dataset, e, c) for e, c in pairs)
+        return out
 
     def _not_built(self, idx: DatasetIndex, step: int, need: int) -> tuple[str, float]:
         """Why step cannot be served yet, and a guess of the seconds until it can."""
@@ -315,8 +347,7 @@ class Job:
             metrics.PREFETCH_LEAD_SECONDS.labels(self.name).set(p.lead_seconds)
 
     async def _prefetch_step(self, executor: Executor, step: int) -> None:
-        plan = self.plan(step, 0, 1)
-        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        needed = {(d, c) for d, _, c in self.plan_chunks(self.plan(step, 0, 1))}
         missing = [(d, c) for d, c in needed if not self.store.has_body(self.indexes[d].keys[c])]
         if missing:
             loop = asyncio.get_running_loop()
@@ -350,35 +381,48 @@ class Job:
                 out.update(zip((idx.keys[c] for c in ids.tolist()), places.tolist(), strict=True))
                 continue
             rows = self._rows_until(d, ids, int(consumed[d]))
-            rows[idx.rows_per_chunk[ids] == 0] = np.inf  # packs to no row: never read
+            rows[idx.units_per_chunk[ids] == 0] = np.inf  # holds no unit: never read
             steps = rows / per_step[d] if per_step[d] else np.full(len(ids), np.inf)
             out.update(zip((idx.keys[c] for c in ids.tolist()), steps.tolist(), strict=True))
         return out
 
     def _rows_until(self, d: int, ids: np.ndarray, position: int) -> np.ndarray:
-        """Rows of dataset d from `position` until the window holding each chunk starts (0 if
-        it is being read), in this epoch or else the next."""
+        """Rows of dataset d from row `position` until the window that first reads each chunk
+        starts (0 if it is being read), in this epoch or else the next. A chunk is first read
+        by the row holding its first unit, or by an earlier row reading on into it, which may
+        be served in an earlier window (or epoch)."""
         idx, window = self.indexes[d], self.spec.window_chunks
-        epoch, within = divmod(position, idx.rows_per_epoch)
+        q, span, total = idx.per_row, idx.span, idx.units_per_epoch
+        epoch = int(order.epoch_of_row(position, total, q))
         dist = np.full(len(ids), np.inf)
         for e in (epoch, epoch + 1):
             layout = self._layout(d, e)
             keys = order.round_keys("chunks", self.spec.seed, idx.dataset.name, e)
-            w = order.permute(ids, len(idx.chunks), keys, inverse=True) // window
-            start, end = layout.window_cum[w], layout.window_cum[w + 1]
-            if e == epoch:
-                here = end > within
-                dist[here] = np.maximum(start[here] - within, 0)
-            else:
-                later = np.isinf(dist)
-                dist[later] = idx.rows_per_epoch - within + start[later]
+            p = order.permute(ids, len(idx.chunks), keys, inverse=True)
+            end = layout.window_rows[p // window + 1]  # its own window's rows end here
+            first_unit = e * total + layout.units_cum[p]
+            reader = np.maximum(-((span - 1 - first_unit) // q), 0)  # ceil((u - span + 1) / q)
+            start = self._window_start(d, reader)
+            todo = np.isinf(dist) & (end > position)
+            dist[todo] = np.maximum(start[todo] - position, 0)
         return dist
+
+    def _window_start(self, d: int, rows: np.ndarray) -> np.ndarray:
+        """The first row of the window in which each row is served."""
+        idx = self.indexes[d]
+        epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
+        out = np.empty_like(rows)
+        for e in dict.fromkeys(epochs.tolist()):
+            sel = epochs == e
+            starts = self._layout(d, e).window_rows
+            out[sel] = starts[np.searchsorted(starts, rows[sel], side="right") - 1]
+        return out
 
     # ---------------------------------------------------------------- chunks
 
     def chunk_keys(self, plan) -> list[tuple[str, str]]:
         """The cache entries a plan reads, to pin while it is served."""
-        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        needed = {(d, c) for d, _, c in self.plan_chunks(plan)}
         return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
 
     def pinned(self, plan):
@@ -386,7 +430,7 @@ class Job:
 
     async def open_chunks(self, plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
-        needed = {(d, c) for d, _, _, chunk_ids, _ in plan[1] for c in chunk_ids.tolist()}
+        needed = {(d, c) for d, _, c in self.plan_chunks(plan)}
         missing = [key for key in needed if not self._open.contains(key)]
         if missing:
             loop = asyncio.get_running_loop()
@@ -401,19 +445,36 @@ class Job:
         """(epoch of the first row, arrays of shape [rows, seq_len]) of one rank's slice."""
         return self.assemble(self.plan(step, rank, world_size))
 
-    def assemble(self, plan) -> tuple[int, dict[str, np.ndarray]]:
-        rows, parts = plan
-        shape = (rows, self.spec.seq_len)
-        out = {name: np.empty(shape, dtype=np.int32) for name in packing.TENSOR_NAMES}
+    def assemble(self, plan: Plan) -> tuple[int, dict[str, np.ndarray]]:
+        """(epoch of the first row, int32 arrays of shape [rows, seq_len]) of a plan."""
+        seq_len, t = self.spec.seq_len, self.tokenizer
         first_epoch = 0
-        for d, epoch, slots, chunk_ids, chunk_rows in parts:
-            if 0 in slots:
-                first_epoch = epoch
-            for c in dict.fromkeys(chunk_ids.tolist()):
-                mine = chunk_ids == c
-                for name, arr in self._rows(d, epoch, c, chunk_rows[mine]).items():
-                    out[name][slots[mine]] = arr
-        return first_epoch, out
+        for part in plan.parts:
+            hit = np.nonzero(part.slots == 0)[0]
+            if hit.size:
+                first_epoch = int(part.epochs[hit[0]])
+        if self.spec.packing == "best_fit":
+            return first_epoch, self._assemble_bestfit(plan)
+        arrays = packing.assemble_concat(
+            plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
+            self._stream, lambda d, c: self._chunk(d, c).tokens, t.bos_id, t.eos_id,
+        )  # fmt: skip
+        return first_epoch, arrays
+
+    def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
+        s, t = self.spec, self.tokenizer
+        out = {name: np.empty((plan.rows, s.seq_len), dtype=np.int32)
+               for name in packing.TENSOR_NAMES}  # fmt: skip
+        for part in plan.parts:
+            pc = part.pieces  # one piece per row: `lo` is the row within its chunk
+            for c in dict.fromkeys(pc.chunk.tolist()):
+                sel = pc.chunk == c
+                chunk, layout = self._chunk(part.dataset, c), self._bestfit(part.dataset, c)
+                rows = bestfit.bestfit_rows_at(layout, chunk.doc_offsets, chunk.tokens, pc.lo[sel],
+                                               s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
+                for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
+                    out[name][part.slots[pc.row[sel]]] = arr
+        return out
 
     def explain(self, step: int, rank: int, world_size: int) -> list[dict]:
         """Provenance of every row of one rank's batch (reads manifests, may count lines:
@@ -422,28 +483,34 @@ class Job:
         with self.pinned(plan):
             return self._explain(plan)
 
-    def _explain(self, plan) -> list[dict]:
-        per_rank, parts = plan
-        rows: list[dict] = [{} for _ in range(per_rank)]
-        for d, epoch, slots, chunk_ids, chunk_rows in parts:
+    def _explain(self, plan: Plan) -> list[dict]:
+        rows: list[dict] = [{} for _ in range(plan.rows)]
+        for part in plan.parts:
+            d, pc = part.dataset, part.pieces
             idx = self.indexes[d]
-            for slot, c, r in zip(slots.tolist(), chunk_ids.tolist(), chunk_rows.tolist(),
-                                  strict=True):  # fmt: skip
+            for slot, epoch in zip(part.slots.tolist(), part.epochs.tolist(), strict=True):
+                rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch,
+                              "pieces": []}  # fmt: skip
+            for i in np.argsort(pc.row * (self.spec.seq_len + 1) + pc.at, kind="stable"):
+                r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
                 self._chunk(d, c)  # its body (and provenance) in the cache
-                pieces = self._pieces(d, epoch, c, r)
                 record_ids, data_start = self.store.provenance(idx.keys[c])
-                rows[slot] = {
-                    "row": slot, "dataset": idx.dataset.name, "epoch": epoch,
-                    "pieces": [(idx.chunks[c].source.uri,
-                                self._locate_record(idx, c, data_start, record_ids[doc]),
-                                ts, te, rs, re) for doc, ts, te, rs, re in pieces],
-                }  # fmt: skip
+                pieces = self._pieces(d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
+                rows[int(part.slots[r])]["pieces"] += [
+                    (idx.chunks[c].source.uri,
+                     self._locate_record(idx, c, data_start, record_ids[doc]), ts, te, rs, re)
+                    for doc, ts, te, rs, re in pieces
+                ]  # fmt: skip
         return rows
 
-    def _pieces(self, d: int, epoch: int, c: int, r: int) -> list[tuple[int, int, int, int, int]]:
+    def _pieces(self, d: int, epoch: int, c: int, lo: int, hi: int, at: int
+                ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+        """(document, token start, token end, row start, row end) of the documents in a piece
+        of chunk c (units [lo, hi) from row position `at`)."""
         s, bos = self.spec, int(self.tokenizer.add_bos)
         if s.packing != "best_fit":
-            return packing.concat_pieces(self._stream(d, epoch, c), r, s.seq_len)
+            return packing.concat_pieces(self._stream(d, epoch, c), lo, hi, at, s.seq_len)
+        r = lo  # a best_fit unit is a whole row
         layout = self._bestfit(d, c)
         lengths = self._chunk(d, c).doc_lengths
         out = []
@@ -471,11 +538,12 @@ class Job:
         its built windows (chunks not built yet count 0 rows, after them); it is keyed by how
         many windows are built, so it is remade as the build advances."""
         idx, s = self.indexes[d], self.spec
-        version = -1 if idx.state == READY else idx.windows_built
+        version = -1 if idx.state == READY else idx.rows_built
 
         def make() -> order.EpochLayout:
-            return order.epoch_layout(idx.rows_per_chunk, s.seed, idx.dataset.name, epoch,
-                                      s.window_chunks)  # fmt: skip
+            return order.epoch_layout(idx.units_per_chunk, s.seed, idx.dataset.name, epoch,
+                                      s.window_chunks, idx.per_row,
+                                      idx.units_per_epoch or None)  # fmt: skip
 
         return self._layouts.get_or_make((d, epoch, version), make)
 
@@ -526,12 +594,3 @@ class Job:
             return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.tokenizer.add_bos)
 
         return self._streams.get_or_make((d, -1, c), make)
-
-    def _rows(self, d: int, epoch: int, c: int, rows: np.ndarray) -> dict[str, np.ndarray]:
-        chunk, s, t = self._chunk(d, c), self.spec, self.tokenizer
-        if s.packing == "best_fit":
-            layout = self._bestfit(d, c)  # padding slots hold EOS, masked by loss_mask
-            return bestfit.bestfit_rows_at(layout, chunk.doc_offsets, chunk.tokens, rows,
-                                           s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
-        return packing.concat_rows_at(self._stream(d, epoch, c), chunk.tokens, rows, s.seq_len,
-                                      t.bos_id, t.eos_id)  # fmt: skip

@@ -4,8 +4,14 @@ Three keyed bijections decide the order of an epoch (docs/sample-order.md has th
 
 1. chunks are permuted over [0, n_chunks);
 2. the documents of each chunk are permuted before the chunk is packed (packing.py);
-3. consecutive chunks in permuted order form windows of `window_chunks`; the rows of a window
-   are permuted, so the order mixes across the corpus while I/O stays within one window.
+3. consecutive chunks in permuted order form windows of `window_chunks`; the rows that start in
+   a window are permuted, so the order mixes across the corpus while I/O stays within one
+   window (and the first chunks of the next, which a window's last row may reach into).
+
+A dataset is an endless stream of units: epoch after epoch, each the chunks in that epoch's
+order. Row r is the stretch [r*q, r*q + span) of it (concat: q = seq_len tokens, span =
+seq_len + 1; best_fit: one pre-packed row, q = span = 1), so nothing is left between rows: a
+chunk's or an epoch's last partial row carries on into the next chunk, window or epoch.
 
 Each bijection is a balanced Feistel network on the smallest even number of bits that covers the
 domain, with cycle-walking back into [0, n): O(1) memory, any position computable directly.
@@ -86,10 +92,14 @@ def permute(index: np.ndarray | int, n: int, keys: tuple[int, ...], inverse: boo
 
 @dataclass(frozen=True)
 class EpochLayout:
-    """Where every row of one epoch lives: O(number of chunks) memory.
+    """Where every unit of one epoch lives: O(number of chunks) memory.
 
-    `chunk_order[p]` is the chunk at position p of the epoch; `rows_cum[p]` the number of rows
-    before position p (length n+1); windows are positions [w*W, (w+1)*W).
+    A dataset is an endless stream of units (tokens of the packed stream for concat, rows for
+    best_fit); epoch e is its stretch [e*U, (e+1)*U), the chunks in the epoch's order.
+    `chunk_order[p]` is the chunk at position p; `units_cum[p]` the units before position p
+    (length n+1); windows are positions [w*W, (w+1)*W). `window_rows[w]` is the first
+    dataset row whose start falls in window w (length windows+1): rows are the stretches
+    [r*q, r*q + span) of the stream (rows.py), so a window's rows are a contiguous range.
     """
 
     seed: int
@@ -97,59 +107,133 @@ class EpochLayout:
     epoch: int
     window_chunks: int
     chunk_order: np.ndarray
-    rows_cum: np.ndarray
-    window_cum: np.ndarray
+    units_cum: np.ndarray
+    window_rows: np.ndarray
 
     @property
-    def rows(self) -> int:
-        return int(self.rows_cum[-1])
+    def units(self) -> int:
+        return int(self.units_cum[-1])
+
+    @property
+    def first_row(self) -> int:
+        return int(self.window_rows[0])
+
+    @property
+    def end_row(self) -> int:
+        return int(self.window_rows[-1])
+
+
+def first_row(units: int, per_row: int) -> int:
+    """The first row whose start is at or past stream unit `units`: ceil(units / per_row)."""
+    return -(-units // per_row)
+
+
+def epoch_of_row(row: np.ndarray | int, units_per_epoch: int, per_row: int):
+    """The epoch in which row `row` starts: the largest e with first_row(e*U) <= row."""
+    return (np.asarray(row, dtype=np.int64) * per_row) // units_per_epoch
 
 
 def epoch_layout(
-    rows_per_chunk: np.ndarray, seed: int, dataset: str, epoch: int, window_chunks: int
-) -> EpochLayout:
-    n = len(rows_per_chunk)
+    units_per_chunk: np.ndarray, seed: int, dataset: str, epoch: int, window_chunks: int,
+    per_row: int, units_per_epoch: int | None = None,
+) -> EpochLayout:  # fmt: skip
+    """The layout of `epoch`. `units_per_epoch` is the full epoch's size U (it places the
+    epoch in the stream); while a dataset builds, units of chunks not built yet count 0 and
+    U is unknown, which only epoch 0 allows (it starts at unit 0)."""
+    n = len(units_per_chunk)
     order = permute(np.arange(n), n, round_keys("chunks", seed, dataset, epoch))
-    rows_cum = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.asarray(rows_per_chunk, dtype=np.int64)[order], out=rows_cum[1:])
+    units_cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.asarray(units_per_chunk, dtype=np.int64)[order], out=units_cum[1:])
+    if units_per_epoch is None and epoch:
+        raise ValueError("an epoch past 0 needs the size of a whole epoch")
+    base = epoch * (units_per_epoch or 0)
     bounds = np.append(np.arange(0, n, window_chunks), n)
-    return EpochLayout(
-        seed, dataset, epoch, window_chunks, order, rows_cum, rows_cum[bounds].copy()
-    )
+    window_rows = -(-(base + units_cum[bounds]) // per_row)
+    return EpochLayout(seed, dataset, epoch, window_chunks, order, units_cum, window_rows)
 
 
 def window_order(layout: EpochLayout, w: int) -> np.ndarray:
     """The row permutation of window w, materialised: O(rows of one window)."""
-    size = int(layout.window_cum[w + 1] - layout.window_cum[w])
-    if size == 0:  # every chunk of the window packs to zero rows
+    size = int(layout.window_rows[w + 1] - layout.window_rows[w])
+    if size == 0:  # no row starts in the window (its units lie inside a neighbour's rows)
         return np.zeros(0, dtype=np.int64)
     keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, w)
     return permute(np.arange(size), size, keys)
 
 
-def locate_rows(
+def natural_rows(
     layout: EpochLayout, rows: np.ndarray, window_perm: Callable[[int], np.ndarray] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Map epoch-relative row indices to (chunk id, row within chunk's packed rows).
+) -> np.ndarray:
+    """Map dataset rows of the layout's epoch (in served order) to the rows of the stream they
+    read (in natural order): within each window, a keyed permutation.
 
     `window_perm(w)` may return a cached `window_order(layout, w)`; by default each row's
     permuted position is computed directly."""
     rows = np.asarray(rows, dtype=np.int64)
-    if rows.size and (rows.min() < 0 or rows.max() >= layout.rows):
-        raise ValueError(f"row out of range [0, {layout.rows})")
-    windows = np.searchsorted(layout.window_cum, rows, side="right") - 1
+    if rows.size and (rows.min() < layout.first_row or rows.max() >= layout.end_row):
+        raise ValueError(f"row out of range [{layout.first_row}, {layout.end_row})")
+    windows = np.searchsorted(layout.window_rows, rows, side="right") - 1
     natural = np.empty_like(rows)
     for w in dict.fromkeys(windows.tolist()):  # distinct, in order; cheap when small
         sel = windows == w
-        base = int(layout.window_cum[w])
+        base = int(layout.window_rows[w])
         if window_perm is not None:
             natural[sel] = base + window_perm(int(w))[rows[sel] - base]
             continue
-        size = int(layout.window_cum[w + 1]) - base
+        size = int(layout.window_rows[w + 1]) - base
         keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, int(w))
         natural[sel] = base + permute(rows[sel] - base, size, keys)
-    positions = np.searchsorted(layout.rows_cum, natural, side="right") - 1
-    return layout.chunk_order[positions], natural - layout.rows_cum[positions]
+    return natural
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Where the units of some rows live: piece i covers units [lo[i], hi[i]) of chunk
+    `chunk[i]` (in epoch `epoch[i]`'s order of that chunk's contents) and fills positions
+    [at[i], at[i] + hi[i] - lo[i]) of row `row[i]`."""
+
+    row: np.ndarray
+    epoch: np.ndarray
+    chunk: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    at: np.ndarray
+
+
+def locate_units(
+    starts: np.ndarray, span: int, units_per_epoch: int, layout: Callable[[int], EpochLayout]
+) -> Pieces:
+    """The pieces of chunks that stream units [starts[i], starts[i] + span) are made of.
+
+    A stretch may cross chunks, windows and epochs; each crossing starts a new piece.
+    `layout(e)` returns epoch e's layout (callers cache them)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    out: list[tuple[np.ndarray, ...]] = []
+    todo = np.arange(len(starts))
+    cur = starts.copy()
+    end = starts + span
+    while todo.size:
+        epochs = cur[todo] // units_per_epoch if units_per_epoch else np.zeros_like(todo)
+        for e in dict.fromkeys(epochs.tolist()):
+            sel = todo[epochs == e]
+            lay = layout(int(e))
+            base = int(e) * units_per_epoch
+            offset = cur[sel] - base
+            p = np.searchsorted(lay.units_cum, offset, side="right") - 1
+            if p.size and p.max() >= len(lay.chunk_order):
+                raise ValueError(f"units past the end of epoch {e} (not built yet?)")
+            lo = offset - lay.units_cum[p]
+            stop = np.minimum(end[sel] - base, lay.units_cum[p + 1])
+            hi = stop - lay.units_cum[p]
+            out.append((sel, np.full(len(sel), e), lay.chunk_order[p], lo, hi,
+                        cur[sel] - starts[sel]))  # fmt: skip
+            cur[sel] = base + stop
+        todo = todo[cur[todo] < end[todo]]
+    if not out:
+        empty = np.zeros(0, dtype=np.int64)
+        return Pieces(empty, empty, empty, empty, empty, empty)
+    cols = [np.concatenate(c).astype(np.int64) for c in zip(*out, strict=True)]
+    return Pieces(*cols)
 
 
 def document_order(num_docs: int, seed: int, dataset: str, epoch: int, chunk: int) -> np.ndarray:

@@ -1,10 +1,12 @@
-"""Packing: pure functions from a chunk's documents to fixed-length rows. No I/O.
+"""Packing: pure functions from chunks' documents to fixed-length rows. No I/O.
 
-`concat` (docs/batch-format.md): the chunk's documents, in the epoch's document order, are laid
-end to end as `[BOS] tokens EOS` segments to form one stream of T tokens. Row r is the window
-stream[r*L : r*L + L + 1]: inputs are its first L tokens, labels its last L. Rows overlap by one
-token, so every token of the stream is an input exactly once; a chunk yields (T - 1) // L rows
-and the last (T - 1) % L + 1 tokens are the chunk's dropped remainder.
+`concat` (docs/batch-format.md): each chunk's documents, in the epoch's document order, are laid
+end to end as `[BOS] tokens EOS` segments; the chunks, in the epoch's chunk order, and the
+epochs one after another, make one endless stream per dataset. Row r is the stretch
+stream[r*L : r*L + L + 1]: inputs are its first L tokens, labels its last L. Rows overlap by
+one token, so every token of the stream is an input of exactly one row: nothing is dropped at
+the end of a chunk, a window or an epoch; a row there simply reads on into what comes next
+(order.locate_units cuts it into per-chunk pieces).
 
 Per row we also emit position ids (0 at the row start and at every document start) and segment
 ids (1 for the first document piece in the row, 2 for the next, ...).
@@ -12,17 +14,23 @@ ids (1 for the first document piece in the row, 2 for the next, ...).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
 
 
-def concat_rows(num_tokens: int, num_docs: int, seq_len: int, add_bos: bool) -> int:
-    """Rows a chunk yields under concat packing, from its index entry alone."""
-    total = num_tokens + num_docs * (2 if add_bos else 1)
-    return max(0, (total - 1) // seq_len)
+# Bump when the rows made from the same chunks could change (it is part of the job fingerprint).
+# 2: concat rows run across chunks, windows and epochs (nothing dropped at a chunk's end).
+PACKING_VERSION = 2
+
+
+def concat_units(num_tokens: int, num_docs: int, add_bos: bool) -> int:
+    """Length of a chunk's concat stream, from its index entry alone."""
+    return num_tokens + num_docs * (2 if add_bos else 1)
 
 
 @dataclass(frozen=True)
@@ -55,60 +63,108 @@ def concat_stream(
     return ChunkStream(np.asarray(doc_offsets, dtype=np.int64)[order], seg_starts, bos, order)
 
 
-def _segments(seg_starts: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
-    """Segment index of every position of rows starting at `starts` ([k, 1]): [k, seq_len+1].
+def _segment_of(seg_starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray,
+                m: int) -> np.ndarray:  # fmt: skip
+    """Segment index of every position of the pieces [lo[i], hi[i]) laid end to end (piece i
+    from `first[i]`): two binary searches per piece and a running count of the segment starts
+    inside it, much cheaper than a binary search per position (bench/)."""
+    s_first = np.searchsorted(seg_starts, lo, side="right") - 1
+    s_last = np.searchsorted(seg_starts, hi - 1, side="right") - 1
+    steps = np.zeros(m, dtype=np.int64)
+    steps[first] = s_first - np.concatenate(([0], s_last[:-1]))
+    inner = s_last - s_first  # segments that start strictly inside each piece
+    k = int(inner.sum())
+    if k:
+        skip = np.repeat(np.cumsum(inner) - inner, inner)
+        idx = np.arange(k) - skip + np.repeat(s_first + 1, inner)
+        steps[seg_starts[idx] - np.repeat(lo - first, inner)] += 1
+    return np.cumsum(steps)
 
-    Two binary searches per row and a running count of the segment starts inside it; much
-    cheaper than a binary search per position (bench/)."""
-    first = np.searchsorted(seg_starts, starts[:, 0], side="right") - 1
-    last = np.searchsorted(seg_starts, starts[:, 0] + seq_len, side="right") - 1
-    steps = np.zeros((len(first), seq_len + 1), dtype=np.int64)
-    steps[:, 0] = first
-    for i in np.nonzero(last > first)[0]:
-        steps[i, seg_starts[first[i] + 1 : last[i] + 1] - starts[i, 0]] = 1
-    return np.cumsum(steps, axis=1)
 
-
-def concat_rows_at(
-    stream: ChunkStream, tokens: np.ndarray, rows: np.ndarray, seq_len: int, bos_id: int,
-    eos_id: int,
-) -> dict[str, np.ndarray]:  # fmt: skip
-    """Rows `rows` of the stream: input_ids, labels, position_ids, segment_ids, each int32
-    of shape [len(rows), seq_len]. Vectorised over all the rows at once."""
-    starts = np.asarray(rows, dtype=np.int64).reshape(-1, 1) * seq_len
-    pos = starts + np.arange(seq_len + 1, dtype=np.int64)
-    if pos.size and pos[:, -1].max() >= stream.total:
-        raise IndexError(f"rows {list(rows)} reach past the stream of {stream.total} tokens")
-    seg = _segments(stream.seg_starts, starts, seq_len)
+def fill_concat(
+    stream: ChunkStream, tokens: np.ndarray, lo: np.ndarray, hi: np.ndarray, at: np.ndarray,
+    bos_id: int, eos_id: int, ids: np.ndarray, starts: np.ndarray,
+) -> None:  # fmt: skip
+    """Write stream positions [lo[i], hi[i]) of one chunk into the flat arrays `ids` (token
+    ids) and `starts` (True where a document's segment begins) from flat index at[i].
+    Vectorised over all the pieces at once."""
+    keep = hi > lo
+    lo, hi, at = lo[keep], hi[keep], at[keep]
+    lens = hi - lo
+    m = int(lens.sum())
+    if not m:
+        return
+    if int(hi.max()) > stream.total or int(lo.min()) < 0:
+        raise IndexError(f"pieces reach outside the stream of {stream.total} tokens")
+    first = np.cumsum(lens) - lens
+    pos = np.arange(m, dtype=np.int64) + np.repeat(lo - first, lens)
+    dest = np.arange(m, dtype=np.int64) + np.repeat(at - first, lens)
+    seg = _segment_of(stream.seg_starts, lo, hi, first, m)
     seg_start = stream.seg_starts[seg]
     if tokens.size:
         # Body positions read the document's tokens; EOS (and BOS) positions are overwritten
         # below, so their out-of-document reads are merely clipped into range.
-        source = stream.doc_starts[seg] + (pos - seg_start - stream.bos)
-        ids = np.take(tokens, source, mode="clip").astype(np.int32)
+        vals = np.take(tokens, stream.doc_starts[seg] + (pos - seg_start - stream.bos),
+                       mode="clip").astype(np.int32)  # fmt: skip
     else:  # every document is empty: the stream is all EOS (and BOS)
-        ids = np.full(pos.shape, eos_id, dtype=np.int32)
-    ids[pos == stream.eos_at[seg]] = eos_id
+        vals = np.full(m, eos_id, dtype=np.int32)
+    vals[pos == stream.seg_starts[seg + 1] - 1] = eos_id
+    is_start = pos == seg_start
     if stream.bos:
-        ids[pos == seg_start] = bos_id
+        vals[is_start] = bos_id
+    ids[dest] = vals
+    starts[dest] = is_start
 
-    inputs = seg[:, :seq_len]
-    position = pos[:, :seq_len] - np.maximum(seg_start[:, :seq_len], starts)
+
+def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    """The int32 tensors of rows given as token ids [k, seq_len + 1] and document starts."""
+    st = starts[:, :seq_len].copy()
+    st[:, 0] = True  # a row starts a piece, whatever starts there
+    col = np.arange(seq_len, dtype=np.int32)
+    last_start = np.maximum.accumulate(np.where(st, col, 0), axis=1)
     return {
         "input_ids": ids[:, :seq_len],
         "labels": ids[:, 1:],
-        "position_ids": position.astype(np.int32),
-        "segment_ids": (inputs - inputs[:, :1] + 1).astype(np.int32),
-        "loss_mask": np.ones(inputs.shape, dtype=np.int32),  # concat has no padding
+        "position_ids": (col - last_start).astype(np.int32),
+        "segment_ids": np.cumsum(st, axis=1, dtype=np.int32),
+        "loss_mask": np.ones((len(ids), seq_len), dtype=np.int32),  # concat has no padding
     }
 
 
+def assemble_concat(
+    rows: int, seq_len: int, parts: list[tuple[Any, np.ndarray, Any]],
+    stream: Callable[[Any, int, int], ChunkStream], tokens: Callable[[Any, int], np.ndarray],
+    bos_id: int, eos_id: int,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """The tensors of `rows` rows made of pieces of chunk streams. `parts` holds (dataset,
+    slots, pieces) triples: order.Pieces whose `row` indexes `slots`, the rows' places in the
+    batch; `stream(dataset, epoch, chunk)` and `tokens(dataset, chunk)` give a chunk's stream
+    in that epoch and its stored tokens."""
+    ids = np.empty((rows, seq_len + 1), dtype=np.int32)
+    starts = np.zeros((rows, seq_len + 1), dtype=bool)
+    flat_ids, flat_starts = ids.reshape(-1), starts.reshape(-1)
+    for dataset, slots, pc in parts:
+        if not pc.chunk.size:
+            continue
+        at = slots[pc.row] * (seq_len + 1) + pc.at
+        groups = pc.epoch * (int(pc.chunk.max()) + 1) + pc.chunk
+        for g in np.unique(groups):  # one vectorised fill per (epoch, chunk)
+            sel = np.nonzero(groups == g)[0]
+            e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
+            fill_concat(stream(dataset, e, c), tokens(dataset, c), pc.lo[sel], pc.hi[sel],
+                        at[sel], bos_id, eos_id, flat_ids, flat_starts)  # fmt: skip
+    return concat_tensors(ids, starts, seq_len)
+
+
 def concat_pieces(
-    stream: ChunkStream, row: int, seq_len: int
+    stream: ChunkStream, lo: int, hi: int, at: int, seq_len: int
 ) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of each document's tokens among
-    the inputs of chunk row `row` (BOS and EOS are not document tokens)."""
-    lo, hi = row * seq_len, row * seq_len + seq_len
+    the inputs that stream positions [lo, hi) fill from row position `at` (BOS and EOS are
+    not document tokens; the row's last position is a label only)."""
+    hi = min(hi, lo + seq_len - at)
+    if hi <= lo:
+        return []
     first = int(np.searchsorted(stream.seg_starts, lo, side="right")) - 1
     last = int(np.searchsorted(stream.seg_starts, hi - 1, side="right")) - 1
     out = []
@@ -117,5 +173,21 @@ def concat_pieces(
         end = int(stream.seg_starts[s + 1]) - 1  # its EOS
         a, b = max(lo, body), min(hi, end)
         if a < b:
-            out.append((int(stream.doc_ids[s]), a - body, b - body, a - lo, b - lo))
+            out.append((int(stream.doc_ids[s]), a - body, b - body, a - lo + at, b - lo + at))
     return out
+
+
+def concat_rows_at(
+    stream: ChunkStream, tokens: np.ndarray, rows: np.ndarray, seq_len: int, bos_id: int,
+    eos_id: int,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Rows `rows` of one stream on its own (each row's L + 1 tokens inside it): the tensors
+    of the rows of a dataset whose stream is this one chunk. Vectorised over the rows."""
+    starts = np.asarray(rows, dtype=np.int64) * seq_len
+    k = len(starts)
+    ids = np.empty((k, seq_len + 1), dtype=np.int32)
+    first = np.zeros((k, seq_len + 1), dtype=bool)
+    at = np.arange(k, dtype=np.int64) * (seq_len + 1)
+    fill_concat(stream, tokens, starts, starts + seq_len + 1, at, bos_id, eos_id,
+                ids.reshape(-1), first.reshape(-1))  # fmt: skip
+    return concat_tensors(ids, first, seq_len)
