@@ -8,6 +8,15 @@
   sequences holding about `chunk_bytes` of tokens on average, from the listing and the 34-byte
   `.idx` header alone (the rest of an `.idx` is 12 bytes per sequence: gigabytes, not read here).
 Sources are sorted by URI, so listing order never matters.
+
+Small objects are grouped: every chunk costs four store files, a manifest, its bookkeeping and at
+least one GET, so consecutive sources (in URI order) smaller than `chunk_bytes`, of one kind and
+one reading (`format`, `text_field`, `token_field`, URI scheme), form one chunk of up to
+`chunk_bytes` (the running size stays <= chunk_bytes). Likewise consecutive small row groups of
+one Parquet file, and of consecutive Parquet files whose row groups are all small. A group is a
+`Chunk` whose `parts` are the chunks it replaces, read one after another; an object of
+`chunk_bytes` or more, a large row group and Megatron runs (already about `chunk_bytes` each) are
+planned alone, as before.
 """
 
 from __future__ import annotations
@@ -35,26 +44,66 @@ _TOKEN_DTYPES = {code: dtype for code, dtype in CODE_DTYPES.items() if dtype.kin
 
 @dataclass(frozen=True)
 class Chunk:
-    source: ObjectInfo
+    source: ObjectInfo  # of a group: its first part's
     # "jsonl" | "jsonl.gz" | "jsonl.zst" | "parquet" | "parquet-tokens" | "megatron"
     kind: str
     text_field: str  # the column read (of token ids for parquet-tokens); "" for megatron
     # byte offset (jsonl kinds), first row of the row group (parquet kinds), first sequence
-    # (megatron)
+    # (megatron); of a group: 0 and its number of parts
     start: int
     end: int  # exclusive: byte offset, row after the row group, sequence after the chunk
     row_group: int = -1
     # Source bytes a read of the chunk needs (for a row group: its compressed column chunks;
-    # for megatron: its .idx entries and its share of the .bin at the average sequence size).
+    # for megatron: its .idx entries and its share of the .bin at the average sequence size;
+    # for a group: its parts' together).
     nbytes: int = 0
     # An object read together with `source` and pinned like it: the .bin of a Megatron .idx.
     companion: ObjectInfo | None = None
+    # A group: the simple chunks it is made of, read in this order (records are numbered
+    # across them, the first part's first). Empty for a simple chunk.
+    parts: tuple[Chunk, ...] = ()
+
+    @classmethod
+    def group(cls, parts: list[Chunk]) -> Chunk:
+        """One chunk made of several simple chunks of one kind and reading."""
+        if len(parts) < 2 or any(p.parts for p in parts):
+            raise ValueError("a group is made of two or more simple chunks")
+        first = parts[0]
+        if any((p.kind, p.text_field) != (first.kind, first.text_field) for p in parts):
+            raise ValueError(f"{first.describe()}: a group's parts must share kind and field")
+        return cls(first.source, first.kind, first.text_field, 0, len(parts),
+                   nbytes=sum(p.raw_bytes for p in parts), parts=tuple(parts))  # fmt: skip
+
+    @property
+    def pieces(self) -> tuple[Chunk, ...]:
+        """The simple chunks read for this one: its parts, or itself."""
+        return self.parts or (self,)
+
+    @property
+    def objects(self) -> list[ObjectInfo]:
+        """Every object a read of this chunk touches, each once, in reading order: what must
+        be pinned (size and version) like a simple chunk's source."""
+        seen: dict[str, ObjectInfo] = {}
+        for p in self.pieces:
+            seen.setdefault(p.source.uri, p.source)
+            if p.companion is not None:
+                seen.setdefault(p.companion.uri, p.companion)
+        return list(seen.values())
 
     @property
     def raw_bytes(self) -> int:
         return self.nbytes or self.end - self.start
 
     def describe(self) -> str:
+        if self.parts:
+            first, last = self.parts[0], self.parts[-1]
+            if first.source.uri == last.source.uri:  # row groups of one Parquet file
+                return (f"{first.source.uri} (row groups {first.row_group}-{last.row_group}, "
+                        f"rows {first.start}-{last.end})")  # fmt: skip
+            n, objects = len(self.parts), len({p.source.uri for p in self.parts})
+            parts = f"{n} parts, " if n != objects else ""
+            return (f"{objects} objects {first.source.uri} .. {last.source.uri} ({parts}"
+                    f"{self.raw_bytes} bytes)")  # fmt: skip
         if self.kind == "parquet":
             return f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end})"
         if self.kind == "parquet-tokens":
@@ -66,6 +115,9 @@ class Chunk:
 
     def key(self, tokenizer_digest: str) -> str:
         """Content address of this chunk's tokens: changes when any input that decides them does."""
+        if self.parts:  # its parts' keys, in order, under a tag no simple chunk's text starts with
+            text = "\x1f".join(["group", *(p.key(tokenizer_digest) for p in self.parts)])
+            return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
         parts: tuple = (
             CHUNK_FORMAT_VERSION, self.source.uri, self.source.size, self.source.version,
             self.kind, self.text_field, self.start, self.end, self.row_group, tokenizer_digest,
@@ -223,23 +275,76 @@ def _megatron_chunks(store: ObjectStore, idx: ObjectInfo, chunk_bytes: int) -> l
 def plan_chunks(
     objects: list[tuple[ObjectInfo, SourceSpec]], chunk_bytes: int, storage: Storage | None = None
 ) -> list[Chunk]:
-    """Chunks of every source object, in URI order; empty objects contribute none."""
+    """Chunks of every source object, in URI order, small ones grouped (see the module's
+    docstring); empty objects contribute none."""
     storage = storage or Storage()
-    chunks: list[Chunk] = []
+    grouper = _Grouper(chunk_bytes)
     for obj, spec in sorted(objects, key=lambda pair: pair[0].uri):
         kind = source_kind(obj.uri, spec.format, spec.token_field)
         if kind == "megatron":  # an empty .idx is corrupt, not empty: it has no header
-            chunks.extend(_megatron_chunks(storage.for_uri(obj.uri), obj, chunk_bytes))
+            grouper.alone(_megatron_chunks(storage.for_uri(obj.uri), obj, chunk_bytes))
             continue
         if obj.size == 0:
             continue
+        reading = (obj.uri.split("://", 1)[0] if "://" in obj.uri else "file", kind,
+                   spec.format, spec.text_field, spec.token_field)  # fmt: skip
         if kind in ("parquet", "parquet-tokens"):
-            chunks.extend(_parquet_chunks(storage.for_uri(obj.uri), obj, spec))
-        elif kind == "jsonl":
-            chunks.extend(
-                Chunk(obj, kind, spec.text_field, s, min(s + chunk_bytes, obj.size))
-                for s in range(0, obj.size, chunk_bytes)
-            )
+            groups = _parquet_chunks(storage.for_uri(obj.uri), obj, spec)
+            # A group crosses into another file only from a file of small row groups alone.
+            whole = all(c.raw_bytes < chunk_bytes for c in groups)
+            if not whole:
+                grouper.flush()
+            for c in groups:
+                if c.raw_bytes < chunk_bytes:
+                    grouper.add(c, reading)
+                else:
+                    grouper.alone([c])
+            if not whole:
+                grouper.flush()
+        elif obj.size >= chunk_bytes:
+            if kind == "jsonl":
+                grouper.alone(
+                    Chunk(obj, kind, spec.text_field, s, min(s + chunk_bytes, obj.size))
+                    for s in range(0, obj.size, chunk_bytes)
+                )
+            else:
+                grouper.alone([Chunk(obj, kind, spec.text_field, 0, obj.size, nbytes=obj.size)])
+        else:  # the whole object, in one range (plain) or one stream (compressed)
+            nbytes = 0 if kind == "jsonl" else obj.size
+            grouper.add(Chunk(obj, kind, spec.text_field, 0, obj.size, nbytes=nbytes), reading)
+    return grouper.done()
+
+
+class _Grouper:
+    """Collects planned chunks, grouping consecutive small ones of one reading while their
+    running size stays <= chunk_bytes; a group of one is the simple chunk itself (its key, and
+    so an existing store's chunk, unchanged)."""
+
+    def __init__(self, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.chunks: list[Chunk] = []
+        self._pending: list[Chunk] = []
+        self._reading: tuple | None = None
+        self._bytes = 0
+
+    def add(self, chunk: Chunk, reading: tuple) -> None:
+        size = chunk.raw_bytes
+        if self._pending and (reading != self._reading or self._bytes + size > self.chunk_bytes):
+            self.flush()
+        self._pending.append(chunk)
+        self._reading, self._bytes = reading, self._bytes + size
+
+    def alone(self, chunks) -> None:
+        self.flush()
+        self.chunks.extend(chunks)
+
+    def flush(self) -> None:
+        if len(self._pending) > 1:
+            self.chunks.append(Chunk.group(self._pending))
         else:
-            chunks.append(Chunk(obj, kind, spec.text_field, 0, obj.size, nbytes=obj.size))
-    return chunks
+            self.chunks.extend(self._pending)
+        self._pending, self._reading, self._bytes = [], None, 0
+
+    def done(self) -> list[Chunk]:
+        self.flush()
+        return self.chunks

@@ -7,6 +7,7 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import tomllib
@@ -18,6 +19,8 @@ from typing import Any
 import yaml
 from tokenfeed.server.configparse import Section, parse_size, resolve, to_fraction
 from tokenfeed.server.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 PACKINGS = ("concat", "best_fit")
 # Names `format: auto` reads as JSON Lines (chunks.py reads the same suffixes).
@@ -224,6 +227,22 @@ def _sources(s: Section, base: Path, text_field: str) -> tuple[SourceSpec, ...]:
                  for i, r in enumerate(raw))  # fmt: skip
 
 
+# Under this, per-chunk costs outweigh the bytes read (bench/smallobjects.py, bench/store.py).
+SMALL_CHUNK_BYTES = 2**20
+
+
+def _chunk_bytes(s: Section, default: int) -> int:
+    """`chunk_bytes` of a job or dataset; a small one is allowed (tests use it) but said to
+    cost what it does, once, where it is given."""
+    size = parse_size(s.get("chunk_bytes", default), s.path("chunk_bytes"))
+    if "chunk_bytes" in s.raw and size < SMALL_CHUNK_BYTES:
+        log.warning(
+            "%s: chunk_bytes %d is under 1 MiB: each chunk costs 4 store files, a manifest and "
+            "at least one GET; expect slow builds and a large store", s.path("chunk_bytes"), size
+        )  # fmt: skip
+    return size
+
+
 def _datasets(s: Section, base: Path, text_field: str, chunk_bytes: int):
     """(datasets, their weights): a `datasets:` mapping, or the job's own `sources:`."""
     if "datasets" not in s.raw:
@@ -240,7 +259,7 @@ def _datasets(s: Section, base: Path, text_field: str, chunk_bytes: int):
     for name, body in raw.items():
         d = Section(body, f"{s.path('datasets')}.{name}")
         field = d.str("text_field", text_field)
-        size = parse_size(d.get("chunk_bytes", chunk_bytes), d.path("chunk_bytes"))
+        size = _chunk_bytes(d, chunk_bytes)
         datasets.append(DatasetSpec(str(name), _sources(d, base, field), size))
         weights.append(d.fraction("weight", 1))
         d.done()
@@ -293,7 +312,7 @@ def _phases(s: Section, first: PhaseSpec, names: list[str], multiple: int):
 def _job(name: str, raw: Any, where: str, base: Path) -> JobSpec:
     s = Section(raw, where)
     text_field = s.str("text_field", "text")
-    chunk_bytes = parse_size(s.get("chunk_bytes", 64 * 2**20), s.path("chunk_bytes"))
+    chunk_bytes = _chunk_bytes(s, 64 * 2**20)
     datasets, weights = _datasets(s, base, text_field, chunk_bytes)
     names = [d.name for d in datasets]
     if "weights" in s.raw:

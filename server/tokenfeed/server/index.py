@@ -222,13 +222,22 @@ class DatasetIndex:
 
     def raw_working_set(self, parallel: int) -> int:
         """Cache bytes for the raw data of `parallel` chunks tokenized at once: their source
-        bytes rounded out to blocks (only for objects that are fetched into the cache)."""
-        remote = [c.raw_bytes for c in self.chunks if c.source.uri.startswith("s3://")]
+        bytes rounded out to blocks (only for objects that are fetched into the cache); a
+        group's per object, which holds no more blocks than its own size."""
+        block = self.storage.object_store.block_bytes
+
+        def need(c: Chunk) -> int:
+            if not c.parts:
+                return c.raw_bytes + 2 * block
+            per_object: dict[ObjectInfo, int] = {}
+            for p in c.parts:
+                per_object[p.source] = per_object.get(p.source, 0) + p.raw_bytes
+            return sum(min(n + 2 * block, o.size) for o, n in per_object.items())
+
+        remote = [need(c) for c in self.chunks if c.source.uri.startswith("s3://")]
         if not remote:
             return 0
-        return min(parallel, len(remote)) * (
-            max(remote) + 2 * self.storage.object_store.block_bytes
-        )
+        return min(parallel, len(remote)) * max(remote)
 
     def _plan(self) -> None:
         objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
@@ -265,9 +274,10 @@ class DatasetIndex:
     def inputs(self, chunks: list[Chunk]) -> dict:
         """What the dataset's chunks are made from: recorded in a shared store, which refuses
         a dataset of the same name made from other inputs."""
+        pieces = [p for c in chunks for p in c.pieces]  # every part of a group
         sources = {c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind,
-                                  c.text_field] for c in chunks}  # fmt: skip
-        for c in chunks:  # a Megatron .idx's .bin
+                                  c.text_field] for c in pieces}  # fmt: skip
+        for c in pieces:  # a Megatron .idx's .bin
             if c.companion is not None:
                 sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
         return {"chunk_format": CHUNK_FORMAT_VERSION, "tokenizer_blake2b": self.tokenizer.digest,

@@ -15,6 +15,9 @@ Damage to the structure (a header, sizes or pointers that disagree) is a `Source
 the object: nothing read through such an index can be trusted. A document with no ids, a null,
 or an id outside `[0, vocab_size)` is a `BadRecord` (`<.idx uri> document <i>`, `<uri> row
 <r>`), skipped or refused by the job's policy like a malformed line of text.
+
+A group of small row groups (chunks.py) reads as its parts one after another, each checked and
+located as a chunk of its own.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenfeed.server.chunks import Chunk, is_token_list, megatron_header
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.readers import BadRecord
+from tokenfeed.server.readers import BadRecord, read_parts
 from tokenfeed.server.storage import ObjectStore
+from tokenfeed.server.tokstore import DataStart, PartStart
 
 if TYPE_CHECKING:
     from tokenfeed.server.tokenize import TextTokenizer
@@ -52,7 +56,8 @@ class PretokenizedChunk:
     bad: list[BadRecord]
     record_ids: list[int]  # per kept document: its index among the chunk's records
     records: int  # records read, good or bad
-    data_start: int = 0  # (line numbers are a JSON Lines matter)
+    # (line numbers are a JSON Lines matter); a group: its parts' records, counted across them
+    data_start: DataStart = 0
 
 
 @dataclass
@@ -67,7 +72,10 @@ class _Records:
 
 
 def read_chunk(store: ObjectStore, chunk: Chunk, tokenizer: TextTokenizer) -> PretokenizedChunk:
-    """The documents of a pre-tokenized chunk; `store` serves `chunk.source` (and its .bin)."""
+    """The documents of a pre-tokenized chunk; `store` serves `chunk.source` (and its .bin), and
+    each part's of a group, whose documents are its parts' one after another."""
+    if chunk.parts:
+        return _joined(read_parts(store, chunk, lambda s, part: read_chunk(s, part, tokenizer)))
     if chunk.kind == "megatron":
         records = _read_megatron(store, chunk)
     elif chunk.kind == "parquet-tokens":
@@ -186,4 +194,19 @@ def _checked(rec: _Records, tokenizer: TextTokenizer) -> PretokenizedChunk:
         bad=[bad[r] for r in sorted(bad)],
         record_ids=np.flatnonzero(keep).tolist(),
         records=len(lengths),
+    )
+
+
+def _joined(parts: list[PretokenizedChunk]) -> PretokenizedChunk:
+    ids, base = [], 0
+    for p in parts:
+        ids += [base + r for r in p.record_ids]
+        base += p.records
+    return PretokenizedChunk(
+        tokens=np.concatenate([p.tokens for p in parts]),
+        lengths=np.concatenate([p.lengths for p in parts]),
+        bad=[b for p in parts for b in p.bad],
+        record_ids=ids,
+        records=base,
+        data_start=tuple(PartStart(p.records, p.data_start) for p in parts),
     )

@@ -3,23 +3,30 @@
 Bad records are never silent: each one becomes a `BadRecord` with a reason and a location
 (`uri:line` for JSON Lines, `uri row N` for Parquet). The caller applies the job's policy:
 `skip` drops them (counted and logged), `strict` refuses the chunk with the first location.
+
+A group of small objects (chunks.py) reads as its parts one after another, each located as a
+chunk of its own; its records are numbered across the parts. `locate_record` turns a stored
+document's record id back into its object and line, row or document, for any chunk.
 """
 
 from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from tokenfeed.server.chunks import Chunk
-from tokenfeed.server.errors import SourceError
-from tokenfeed.server.storage import ObjectInfo, ObjectStore
+from tokenfeed.server.errors import SourceError, StoreCorruptError
+from tokenfeed.server.storage import LocalStore, ObjectInfo, ObjectStore, Storage
+from tokenfeed.server.tokstore import DataStart, PartStart, Provenance
 
 REASONS = (
     "invalid_utf8", "malformed_json", "not_an_object", "missing_field", "not_text", "empty",
@@ -27,6 +34,11 @@ REASONS = (
 )  # fmt: skip
 _BLOCK = 4 * 2**20
 _TAIL_READ = 64 * 2**10
+# Parts of a group read at once from object storage: each small object is a round trip of its
+# own, so a group of 300 objects of 30 KB costs about 300 / 8 round trips, not 300
+# (bench/smallobjects.py); local files are read one after another.
+PART_READS_IN_FLIGHT = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,8 @@ class ChunkDocuments:
     records: int
     record_ids: list[int]  # per text: its index among the chunk's records (good or bad)
     # JSON Lines: byte offset of the chunk's first record in the (decompressed) object, from
-    # which `line_number` finds line numbers when they are asked for
-    data_start: int = 0
+    # which `line_number` finds line numbers when they are asked for; a group: per part
+    data_start: DataStart = 0
 
 
 def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
@@ -164,9 +176,57 @@ def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
 
 
 def line_number(store: ObjectStore, chunk: Chunk, data_start: int, record: int) -> int:
-    """1-based line of the chunk's `record`-th record (JSON Lines chunks)."""
+    """1-based line of the chunk's `record`-th record (simple JSON Lines chunks; any chunk:
+    `locate_record`)."""
+    if chunk.parts:
+        raise ValueError(f"{chunk.describe()}: a group; locate_record finds its part")
     before = _count_lines_before(store, chunk, data_start) if data_start else 0
     return before + record + 1
+
+
+def locate_record(
+    storage: Storage, chunk: Chunk, provenance: Provenance, record: int
+) -> tuple[str, str]:
+    """(object URI, "line N" | "row N" | "document N") of the chunk's `record`-th record, for a
+    simple chunk or a group alike. `provenance` is `TokenStore.provenance(key)` of the chunk's
+    key; `record` a record id from it (`provenance.record_ids[doc]` for document `doc`), counted
+    across a group's parts. Lines count from 1; rows and Megatron documents from 0, across the
+    whole object."""
+    part, data_start = chunk, provenance.data_start
+    if chunk.parts:
+        if not isinstance(data_start, tuple) or len(data_start) != len(chunk.parts):
+            raise StoreCorruptError(f"{chunk.describe()}: its manifest does not record its "
+                                    f"{len(chunk.parts)} parts")  # fmt: skip
+        total, asked = sum(p.records for p in data_start), record
+        if not 0 <= record < total:
+            raise ValueError(f"{chunk.describe()}: no record {asked} among its {total}")
+        for part, start in zip(chunk.parts, data_start, strict=True):  # noqa: B007
+            if record < start.records:
+                data_start = start.data_start
+                break
+            record -= start.records
+    elif isinstance(data_start, tuple):
+        raise StoreCorruptError(f"{chunk.describe()}: its manifest describes a group")
+    uri = part.source.uri
+    if part.kind in ("parquet", "parquet-tokens"):
+        return uri, f"row {part.start + record}"
+    if part.kind == "megatron":  # one document per sequence, counted from 0 like Megatron
+        return uri, f"document {part.start + record}"
+    return uri, f"line {line_number(storage.for_uri(uri), part, data_start, record)}"
+
+
+def read_parts(store: ObjectStore, chunk: Chunk, read: Callable[[ObjectStore, Chunk], T]
+               ) -> list[T]:  # fmt: skip
+    """`read(store, part)` of each part of a group (or of a simple chunk itself), in order:
+    several at once from object storage, one after another from local files."""
+    parts = chunk.pieces
+    if len(parts) == 1 or isinstance(store, LocalStore):
+        return [read(store, p) for p in parts]
+    pool = ThreadPoolExecutor(min(PART_READS_IN_FLIGHT, len(parts)), "part-read")
+    try:
+        return list(pool.map(lambda p: read(store, p), parts))
+    finally:  # a failed part: the others not started yet are not read
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
@@ -199,6 +259,20 @@ def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
 
 
 def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+    """The documents of a chunk; a group's are its parts' one after another."""
+    if chunk.parts:
+        return _joined(read_parts(store, chunk, read_documents))
     if chunk.kind == "parquet":
         return _read_parquet(store, chunk)
     return _read_jsonl(store, chunk)
+
+
+def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
+    texts, bad, ids, base = [], [], [], 0
+    for d in parts:
+        texts += d.texts
+        bad += d.bad
+        ids += [base + i for i in d.record_ids]
+        base += d.records
+    return ChunkDocuments(texts, bad, base, ids, tuple(PartStart(d.records, d.data_start)
+                                                       for d in parts))  # fmt: skip

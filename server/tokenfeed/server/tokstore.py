@@ -23,6 +23,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tokenfeed.server.cache import DiskCache, Kind, write_atomic
@@ -40,6 +41,28 @@ DTYPE_CODES = {
 }  # fmt: skip
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MANIFEST_VERSION = 2
+
+
+@dataclass(frozen=True)
+class PartStart:
+    """Where one part of a grouped chunk (chunks.py) keeps its records: how many it read (good
+    or bad; record ids count on from the parts before it) and the byte offset of its first
+    record in its object."""
+
+    records: int
+    data_start: int = 0
+
+
+# Where a chunk's records start: the byte offset of its first record in its object (a simple
+# chunk), or per part (a group).
+DataStart = int | tuple[PartStart, ...]
+
+
+class Provenance(NamedTuple):
+    """What locating a chunk's documents in their sources needs (readers.locate_record)."""
+
+    record_ids: np.ndarray  # per document: its index among the chunk's records
+    data_start: DataStart
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,7 @@ def _blake(data: bytes) -> str:
 def encode_chunk(
     key: str, tokens: np.ndarray, lengths: np.ndarray, records: int, bad: dict[str, int],
     bad_examples: list[str], source: str, record_ids: np.ndarray | None = None,
-    data_start: int = 0,
+    data_start: DataStart = 0,
 ) -> EncodedChunk:  # fmt: skip
     bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
     idx_bytes = encode_idx(lengths, tokens.dtype)
@@ -142,6 +165,14 @@ def encode_chunk(
         "bin_blake2b": _blake(bin_bytes), "idx_blake2b": _blake(idx_bytes),
         "rec_blake2b": _blake(rec_bytes),
     }  # fmt: skip
+    if isinstance(data_start, tuple):  # a group: records and data_start per part
+        if len(data_start) < 2 or sum(part.records for part in data_start) != records:
+            raise ValueError(f"token chunk {key}: a group's parts ({len(data_start)}) must be "
+                             f"two or more, their records adding up to {records}")  # fmt: skip
+        manifest["data_start"] = 0
+        # Two arrays, not an object per part: a manifest of thousands of parts stays small.
+        manifest["parts"] = {"records": [part.records for part in data_start],
+                             "data_start": [part.data_start for part in data_start]}  # fmt: skip
     meta_bytes = json.dumps(manifest, indent=1).encode()
     return EncodedChunk(key, bin_bytes, idx_bytes, rec_bytes, meta_bytes, manifest)
 
@@ -222,7 +253,7 @@ class TokenStore:
     def put(
         self, key: str, tokens: np.ndarray, lengths: np.ndarray, records: int,
         bad: dict[str, int], bad_examples: list[str], source: str,
-        record_ids: np.ndarray | None = None, data_start: int = 0,
+        record_ids: np.ndarray | None = None, data_start: DataStart = 0,
     ) -> ChunkIndex:  # fmt: skip
         return self.put_encoded(encode_chunk(key, tokens, lengths, records, bad, bad_examples,
                                              source, record_ids, data_start))  # fmt: skip
@@ -294,6 +325,7 @@ class TokenStore:
                 and all(
                     isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b", "rec_blake2b")
                 )  # fmt: skip
+                and ("parts" not in m or _parts_consistent(m["parts"], m["records"]))
             )
         except (TypeError, KeyError, ValueError):
             return False
@@ -322,13 +354,15 @@ class TokenStore:
     def has_body(self, key: str) -> bool:
         return self.cache.contains("chunk", key)
 
-    def provenance(self, key: str) -> tuple[np.ndarray, int]:
-        """(record index of each document, byte offset of the chunk's first record)."""
+    def provenance(self, key: str) -> Provenance:
+        """(record index of each document, where the chunk's records start: the byte offset of
+        its first record, or a `PartStart` per part of a group): what readers.locate_record
+        needs."""
         m = self._manifest(key)
         if m is None or not self.has_body(key):
             raise StoreCorruptError(f"token chunk {key} is missing or incomplete")
         rec_path = self._paths(key)[2]
-        return np.fromfile(rec_path, dtype="<i8"), m["data_start"]
+        return Provenance(np.fromfile(rec_path, dtype="<i8"), manifest_data_start(m))
 
     def open(self, key: str) -> TokenChunk:
         """The chunk's tokens, memory-mapped."""
@@ -382,6 +416,30 @@ class TokenStore:
 
 class ChunkMissing(Exception):
     """The chunk's body is not in the cache (evicted, or never built): build it."""
+
+
+def _parts_consistent(parts: object, records: int) -> bool:
+    """A group's `parts`: records and data_start of two or more parts, whole and non-negative,
+    the records adding up to the chunk's."""
+    if not isinstance(parts, dict):
+        return False
+    counts, starts = parts.get("records"), parts.get("data_start")
+    return (
+        isinstance(counts, list) and isinstance(starts, list)
+        and len(counts) == len(starts) > 1
+        and all(type(v) is int and v >= 0 for v in counts + starts)
+        and sum(counts) == records
+    )  # fmt: skip
+
+
+def manifest_data_start(m: dict) -> DataStart:
+    """A manifest's `data_start`, or its `parts` (a group's; manifests before groups have
+    none)."""
+    if "parts" in m:
+        parts = m["parts"]
+        return tuple(PartStart(n, s) for n, s in zip(parts["records"], parts["data_start"],
+                                                     strict=True))  # fmt: skip
+    return int(m["data_start"])
 
 
 def _body_bytes(m: dict) -> int:
