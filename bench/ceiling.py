@@ -1,9 +1,11 @@
 """The raw gRPC ceiling: a minimal server that answers tokenfeed's RPCs with one pre-built batch.
 
 Same generated protos, same server options, same event loop (grpc.aio on uvloop) as the daemon,
-and the same payload (int32 tensors [rows, seq_len] with a valid fingerprint, so the client
-decodes and verifies exactly as it does against tokenfeed). It does no work per request beyond
-what gRPC itself does, so it measures what the transport and the client cost on this machine.
+and the same token count as raw int32 bytes: one int32 token array [rows, seq_len + 1] and no
+document boundaries, with a valid fingerprint, so the client decodes and verifies exactly as it
+does against tokenfeed (whose tokens travel as uint16 when the vocabulary fits). It does no work
+per request beyond what gRPC itself does, so it measures what the transport and the client cost
+on this machine.
 
     python -m bench.ceiling --rows 8 --seq-len 2048 --ready-file FILE [--listen 127.0.0.1:0]
 """
@@ -20,7 +22,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import uvloop
-from tokenfeed.client.wire import encode_tensors
+from tokenfeed.client import wire
 from tokenfeed.server.app import GRPC_OPTIONS
 from tokenfeed.server.packing import TENSOR_NAMES
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -32,13 +34,11 @@ ENDLESS = 2**62
 
 
 def make_batch(rows: int, seq_len: int, vocab: int = 4096) -> pb.Batch:
-    """A batch shaped like tokenfeed's concat output, with random ids (gRPC ignores content)."""
+    """A batch of the same token count as raw int32, random ids (gRPC ignores content)."""
     rng = np.random.default_rng(0)
-    arrays = {name: rng.integers(0, vocab, (rows, seq_len), dtype=np.int32)
-              for name in TENSOR_NAMES}  # fmt: skip
-    tensors, fingerprint = encode_tensors(arrays)
-    return pb.Batch(job=JOB, step=0, rank=0, world_size=1, tensors=tensors,
-                    fingerprint=fingerprint)  # fmt: skip
+    tokens = rng.integers(0, vocab, (rows, seq_len + 1), dtype=np.int32)
+    compact = wire.compact_from_starts(tokens, np.zeros(tokens.shape, dtype=bool))
+    return pb.Batch(job=JOB, step=0, rank=0, world_size=1, **wire.encode(compact))
 
 
 class CeilingServicer(pb_grpc.TokenFeedServicer):

@@ -1,6 +1,7 @@
 """Golden batches: the bytes of a fixed job over a shipped corpus and tokenizer, pinned.
 
-Any change that alters a batch (order, packing, tokenization, store format) fails here. If the
+Any change that alters a batch (order, packing, tokenization, store format, wire encoding: the
+fingerprint is the wire form's) fails here. If the
 change is deliberate, bump the format version where it applies and regenerate with
 `TOKENFEED_REGEN_GOLDEN=1 python -m pytest tests/test_golden.py`, then say so in the change.
 """
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support import DATA, TOKENIZER
-from tokenfeed.client.wire import encode_tensors
+from tokenfeed.client import wire
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs
 
@@ -45,9 +46,9 @@ def _job(cache: Path):
 def _observe(job) -> dict:
     out = {"steps_per_epoch": job.steps_per_epoch, "batches": {}}
     for step in FINGERPRINT_STEPS:
-        epoch, arrays = job.batch(step, 0, 1)
-        _, fingerprint = encode_tensors(arrays)
-        entry = {"epoch": epoch, "fingerprint": fingerprint}
+        epoch, compact = job.assemble(job.plan(step, 0, 1))
+        arrays = {name: wire.expand(compact, name) for name in wire.TENSOR_NAMES}
+        entry = {"epoch": epoch, "fingerprint": wire.fingerprint(compact)}
         if step in FULL_STEPS:
             entry["input_ids"] = arrays["input_ids"].tolist()
             entry["position_ids"] = arrays["position_ids"][:, :12].tolist()

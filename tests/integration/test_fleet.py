@@ -67,7 +67,9 @@ def test_unary_calls_fail_over_and_come_back(fleet):
 def test_draining_server_hands_the_stream_over(tmp_path, corpus):
     """SIGTERM: the server drains for its grace period, then cuts the streams still open; the
     trainer, reading slower than that, moves on to the next server without an error."""
-    jobs = {"main": job_spec([corpus / "*"], seq_len=256)}
+    # Batches large enough (64 KiB each on the wire) that HTTP/2's flow-control windows cannot
+    # hold the rest of the stream when the drain starts.
+    jobs = {"main": job_spec([corpus / "*"], seq_len=4096)}
     fleet = FleetProcesses(tmp_path, jobs, 2, grace_seconds=0.3)
     try:
         expected = reference(fleet, 0, 200)

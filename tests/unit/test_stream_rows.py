@@ -59,10 +59,11 @@ class Corpus:
             natural[sel] = order.natural_rows(self.layout(int(e)), served[sel])
         pieces = order.locate_units(natural * self.seq_len, self.seq_len + 1, self.total,
                                     self.layout)  # fmt: skip
-        return packing.assemble_concat(
+        ids, starts = packing.assemble_concat(
             len(served), self.seq_len, [(0, np.arange(len(served)), pieces)], self.stream,
             lambda _d, c: self.chunks[c][0], BOS, EOS,
         )  # fmt: skip
+        return packing.concat_tensors(ids, starts, self.seq_len)
 
     # -- the reference ----------------------------------------------------------------
     def epoch_stream(self, epoch: int) -> tuple[list[int], list[bool]]:

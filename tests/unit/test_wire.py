@@ -1,170 +1,195 @@
-"""Tensors on the wire: raw little-endian bytes, zero-copy decoding, and the batch fingerprint."""
+"""The compact wire form: one token array and document boundaries, expanded by the client
+(numpy) and by the PyTorch helper (here on the CPU device; test_jax_expand.py: the JAX one).
+
+The expansion is checked against the tensors the server's packers make (concat rows from a
+stream of documents, best_fit rows with padding), the encoding against a serialized message, and
+the fingerprint against an independent computation from its documented definition.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import struct
 
 import numpy as np
 import pytest
+import torch
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
-from tokenfeed.client.wire import WireError, decode_tensors, encode_tensors, fingerprint
+from tokenfeed.client.batch import Batch
+from tokenfeed.client.torch import expand as torch_expand
+from tokenfeed.client.wire import (
+    TENSOR_NAMES,
+    WIRE_VERSION,
+    WireError,
+    compact_from_starts,
+    compact_from_tensors,
+    decode,
+    encode,
+    expand,
+    fingerprint,
+    token_dtype,
+)
+from tokenfeed.server import bestfit, packing
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
-WIRE_DTYPES = ["<i4", "<i8", "<u2", "u1", "<f4"]
+BOS, EOS, PAD = 1, 2, 2
 
 
-def batch(rows: int = 2, seq_len: int = 5) -> dict[str, np.ndarray]:
-    ids = np.arange(rows * seq_len, dtype=np.int32).reshape(rows, seq_len)
-    return {"input_ids": ids, "labels": ids + 1, "position_ids": ids % 3, "segment_ids": ids // 4}
-
-
-def over_the_wire(tensors: list[pb.Tensor], fp: str) -> pb.Batch:
+def over_the_wire(fields: dict) -> pb.Batch:
     """Serialize and parse, as a real client would receive the message."""
-    return pb.Batch.FromString(pb.Batch(tensors=tensors, fingerprint=fp).SerializeToString())
+    return pb.Batch.FromString(pb.Batch(job="j", **fields).SerializeToString())
 
 
-def reference_fingerprint(arrays: dict[str, np.ndarray]) -> str:
-    """The documented fingerprint (hex SHA-256 cut to 128 bits), without the module under test."""
-    h = hashlib.sha256()
-    for name, arr in arrays.items():
-        le = arr.astype(arr.dtype.newbyteorder("<"))
-        h.update(name.encode() + b"\0")
-        h.update(le.dtype.str.encode())
-        h.update(b"".join(int(d).to_bytes(8, "little", signed=True) for d in arr.shape))
-        h.update(np.ascontiguousarray(le).tobytes())
-    return h.hexdigest()[:32]
+def concat_case(lengths, seq_len, rows, add_bos, dtype):
+    lens = np.array(lengths, dtype=np.int32)
+    tokens = np.arange(10, 10 + int(lens.sum()), dtype=np.int32)
+    offsets = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)[: len(lens)]
+    stream = packing.concat_stream(offsets, lens, np.arange(len(lens)), add_bos)
+    k = len(rows)
+    ids = np.empty((k, seq_len + 1), dtype=np.int32)
+    starts = np.zeros((k, seq_len + 1), dtype=bool)
+    lo = np.asarray(rows, dtype=np.int64) * seq_len
+    packing.fill_concat(stream, tokens, lo, lo + seq_len + 1,
+                        np.arange(k, dtype=np.int64) * (seq_len + 1), BOS, EOS,
+                        ids.reshape(-1), starts.reshape(-1))  # fmt: skip
+    return packing.concat_tensors(ids, starts, seq_len), compact_from_starts(ids.astype(dtype),
+                                                                             starts)  # fmt: skip
 
 
-def test_round_trip_through_a_serialized_message():
-    arrays = batch()
-    tensors, fp = encode_tensors(arrays)
-    msg = over_the_wire(tensors, fp)
-    out = decode_tensors(msg.tensors, msg.fingerprint)
-    assert list(out) == list(arrays)
-    for name, arr in arrays.items():
-        assert out[name].dtype == np.dtype("<i4")
-        assert np.array_equal(out[name], arr)
+def check_expands_to(c, tensors):
+    msg = over_the_wire(encode(c))
+    batch = Batch(msg)
+    assert tuple(batch) == TENSOR_NAMES
+    for name in TENSOR_NAMES:
+        got = batch[name]
+        assert got.dtype == np.int32 and got.shape == tensors[name].shape, name
+        assert np.array_equal(got, tensors[name]), name
+        assert not got.flags.writeable
+    # The PyTorch helper derives the same tensors from the compact form on its device.
+    on_device = torch_expand(batch, "cpu")
+    for name in TENSOR_NAMES:
+        assert on_device[name].dtype == torch.int32, name
+        assert np.array_equal(on_device[name].numpy(), tensors[name]), name
+    return batch
 
 
-def test_decoded_arrays_are_read_only_views():
-    tensors, fp = encode_tensors(batch())
-    msg = over_the_wire(tensors, fp)
-    for arr in decode_tensors(msg.tensors, fp).values():
-        # A view over the message's immutable bytes, not a private copy.
-        assert arr.flags.writeable is False
-        assert arr.base is not None
-        with pytest.raises(ValueError):
-            arr[0, 0] = 1
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=8).filter(any),
+    seq_len=st.integers(1, 16),
+    add_bos=st.booleans(),
+    wide=st.booleans(),
+)
+def test_concat_rows_expand_to_the_packers_tensors(lengths, seq_len, add_bos, wide):
+    total = packing.concat_units(sum(lengths), len(lengths), add_bos)
+    n = (total - 1) // seq_len
+    if n < 1:
+        return
+    dtype = np.dtype("<i4") if wide else np.dtype("<u2")
+    tensors, c = concat_case(lengths, seq_len, list(range(n)), add_bos, dtype)
+    check_expands_to(c, tensors)
 
 
-def test_fingerprint_follows_the_documented_recipe():
-    arrays = batch() | {
-        "mask": np.ones((2, 5), dtype=np.uint8),
-        "weights": np.linspace(0, 1, 6, dtype=np.float32).reshape(3, 2),
-        "scalar": np.array(7, dtype=np.int64),
-    }
-    _, fp = encode_tensors(arrays)
-    assert fp == reference_fingerprint(arrays)
-    parts = [(n, a.dtype, a.shape, a.tobytes()) for n, a in arrays.items()]
-    assert fingerprint(parts) == fp
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=10),
+    seq_len=st.integers(1, 16),
+    add_bos=st.booleans(),
+)
+def test_best_fit_rows_expand_to_the_packers_tensors(lengths, seq_len, add_bos):
+    lens = np.array(lengths, dtype=np.int32)
+    tokens = np.arange(10, 10 + int(lens.sum()), dtype=np.int32)
+    offsets = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)[: len(lens)]
+    layout = bestfit.bestfit_layout(lens, seq_len, add_bos)
+    tensors = bestfit.bestfit_rows_at(layout, offsets, tokens, np.arange(layout.rows), seq_len,
+                                      BOS, EOS, PAD)  # fmt: skip
+    c = compact_from_tensors(tensors, np.dtype("<u2"))
+    check_expands_to(c, tensors)
 
 
-def test_fingerprint_covers_names_dtypes_shapes_order_and_data():
-    ids = np.arange(6, dtype=np.int32)
-    base = encode_tensors({"a": ids.reshape(2, 3), "b": ids})[1]
-    variants = [
-        {"a": ids.reshape(3, 2), "b": ids},  # same bytes, other shape
-        {"c": ids.reshape(2, 3), "b": ids},  # other name
-        {"b": ids, "a": ids.reshape(2, 3)},  # other order
-        {"a": ids.reshape(2, 3).astype(np.int64), "b": ids},  # other dtype, same values
-        {"a": (ids + (ids == 5)).reshape(2, 3), "b": ids},  # one value changed
-    ]
-    fps = {encode_tensors(v)[1] for v in variants}
-    assert base not in fps and len(fps) == len(variants)
+def test_a_worked_example():
+    # Row 0: "10 11 E | 12 13" then label 14; row 1 padded best_fit-style by two slots; an id
+    # above 32767 stays positive through the helpers' widening of uint16.
+    tokens = np.array([[10, 11, EOS, 12, 13, 65535], [20, 21, EOS, 30, PAD, PAD]], dtype="<u2")
+    starts = np.zeros(tokens.shape, dtype=bool)
+    starts[0, 3] = starts[1, 3] = True
+    c = compact_from_starts(tokens, starts, np.array([0, 2]))
+    assert c.starts.tolist() == [3, 3] and c.row_splits.tolist() == [0, 1, 2]
+    assert expand(c, "input_ids").tolist() == [[10, 11, EOS, 12, 13], [20, 21, EOS, 30, PAD]]
+    assert expand(c, "labels").tolist() == [[11, EOS, 12, 13, 65535], [21, EOS, 30, PAD, PAD]]
+    assert torch_expand(c)["labels"].tolist() == expand(c, "labels").tolist()
+    assert expand(c, "position_ids").tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 0, 0]]
+    assert expand(c, "segment_ids").tolist() == [[1, 1, 1, 2, 2], [1, 1, 1, 2, 0]]
+    assert expand(c, "loss_mask").tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
 
 
-def test_fingerprint_mismatch_raises():
-    tensors, fp = encode_tensors(batch())
-    wrong = ("0" if fp[0] != "0" else "1") + fp[1:]
+def reference_fingerprint(fields: dict) -> str:
+    """The documented definition, without the module under test: xxh3-128 over the header
+    (<IqqII: version, rows, seq_len, token dtype code, has padding) and the arrays' bytes."""
+    header = struct.pack("<IqqII", fields["wire_version"], fields["rows"], fields["seq_len"],
+                         fields["token_dtype"], 1 if fields["padding"] else 0)  # fmt: skip
+    return xxhash.xxh3_128_hexdigest(header + fields["tokens"] + fields["starts"]
+                                     + fields["row_splits"] + fields["padding"])  # fmt: skip
+
+
+def test_fingerprint_matches_its_definition_and_sees_every_field():
+    _, c = concat_case([5, 3, 9, 2], 4, [0, 1, 2, 3], True, np.dtype("<u2"))
+    fields = encode(c)
+    assert fields["wire_version"] == WIRE_VERSION == 2
+    assert fields["fingerprint"] == reference_fingerprint(fields) == fingerprint(c)
+    seen = {fields["fingerprint"]}
+    for name in ("tokens", "starts", "row_splits"):
+        raw = bytearray(fields[name])
+        raw[len(raw) // 2] ^= 1
+        seen.add(reference_fingerprint({**fields, name: bytes(raw)}))
+    seen.add(reference_fingerprint({**fields, "padding": b"\x01\x00" * c.rows}))
+    assert len(seen) == 5
+
+
+def test_decoding_is_zero_copy_and_checked():
+    tensors, c = concat_case([40, 7, 13], 8, [0, 2, 4, 5], False, np.dtype("<i4"))
+    msg = over_the_wire(encode(c))
+    batch = Batch(msg)
+    # int32 tokens: input_ids and labels are views of the received bytes
+    assert np.shares_memory(batch["input_ids"], batch.compact.tokens)
+    assert np.shares_memory(batch["labels"], batch.compact.tokens)
+    bad = pb.Batch()
+    bad.CopyFrom(msg)
+    raw = bytearray(bad.tokens)
+    raw[5] ^= 0xFF
+    bad.tokens = bytes(raw)
     with pytest.raises(WireError, match="fingerprint mismatch"):
-        decode_tensors(tensors, wrong)
-
-
-def test_corrupted_data_fails_the_fingerprint():
-    tensors, fp = encode_tensors(batch())
-    data = bytearray(tensors[1].data)
-    data[3] ^= 0x01
-    tensors[1].data = bytes(data)
-    with pytest.raises(WireError, match="fingerprint"):
-        decode_tensors(tensors, fp)
-    # Without an expected fingerprint there is nothing to check against.
-    assert decode_tensors(tensors)["labels"].shape == (2, 5)
+        Batch(bad)
+    assert Batch(bad, verify=False)["input_ids"].shape == (4, 8)  # verification is optional
 
 
 @pytest.mark.parametrize(
-    "edit",
+    ("change", "match"),
     [
-        lambda t: setattr(t, "data", t.data[:-1]),
-        lambda t: setattr(t, "data", t.data + b"\0\0\0\0"),
-        lambda t: t.shape.__setitem__(0, 3),
-        lambda t: t.shape.append(2),
+        ({"wire_version": 1}, "wire version 1"),
+        ({"token_dtype": pb.DTYPE_FLOAT32}, "unknown token dtype"),
+        ({"rows": 5}, "tokens: "),
+        ({"row_splits": np.array([0, 1, 0, 2, 2], dtype="<i4").tobytes()}, "row_splits"),
+        ({"starts": np.array([0, 3], dtype="<u2").tobytes()}, "outside"),
+        ({"padding": np.array([9, 0, 0, 0], dtype="<u2").tobytes()}, "padding of more"),
     ],
-    ids=["short", "long", "bigger-shape", "extra-dim"],
 )
-def test_wrong_byte_count_raises(edit):
-    tensors, fp = encode_tensors(batch())
-    edit(tensors[2])
-    with pytest.raises(WireError, match="position_ids: .* bytes do not fill shape"):
-        decode_tensors(tensors, fp)
+def test_malformed_messages_are_refused(change, match):
+    _, c = concat_case([40, 7, 13], 8, [0, 2, 4, 5], False, np.dtype("<u2"))
+    fields = {**encode(c), **change}
+    if "starts" in change:
+        fields["row_splits"] = np.array([0, 2, 2, 2, 2], dtype="<i4").tobytes()
+    with pytest.raises(WireError, match=match):
+        decode(over_the_wire(fields), verify=False)
 
 
-def test_unknown_dtype_code_raises():
-    tensors, _ = encode_tensors(batch())
-    tensors[0].dtype = pb.DTYPE_UNSPECIFIED
-    with pytest.raises(WireError, match="unknown dtype"):
-        decode_tensors(tensors)
+def test_token_dtype_is_the_narrowest_that_holds_the_vocabulary():
+    assert token_dtype(50_257) == np.dtype("<u2")
+    assert token_dtype(65_536) == np.dtype("<u2")  # ids 0..65535
+    assert token_dtype(65_537) == np.dtype("<i4")
+    assert token_dtype(128_256) == np.dtype("<i4")
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int16, np.bool_, np.uint32])
-def test_dtypes_without_a_wire_encoding_are_refused(dtype):
-    with pytest.raises(WireError, match="no wire encoding"):
-        encode_tensors({"x": np.zeros(3, dtype=dtype)})
-
-
-def test_big_endian_and_strided_inputs_encode_as_little_endian_c_order():
-    ids = np.arange(12, dtype=np.int32).reshape(3, 4)
-    native_fp = encode_tensors({"x": ids.T.copy()})[1]
-    for arr in (ids.astype(">i4").T, ids.T, ids[:, ::-1][:, ::-1].T):
-        tensors, fp = encode_tensors({"x": arr})
-        assert fp == native_fp
-        assert tensors[0].data == ids.T.copy().tobytes()
-        assert np.array_equal(decode_tensors(tensors, fp)["x"], ids.T)
-
-
-arrays_strategy = st.dictionaries(
-    keys=st.text(min_size=1, max_size=10),
-    values=st.sampled_from(WIRE_DTYPES).flatmap(
-        lambda dt: hnp.arrays(
-            np.dtype(dt),
-            hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
-            elements={"allow_nan": False} if dt == "<f4" else None,
-        )
-    ),
-    max_size=5,
-)
-
-
-@settings(max_examples=100, deadline=None)
-@given(arrays=arrays_strategy)
-def test_round_trip_property(arrays):
-    tensors, fp = encode_tensors(arrays)
-    assert fp == reference_fingerprint(arrays)
-    msg = over_the_wire(tensors, fp)
-    out = decode_tensors(msg.tensors, msg.fingerprint)
-    assert list(out) == list(arrays)
-    for name, arr in arrays.items():
-        assert out[name].shape == arr.shape
-        assert out[name].dtype == arr.dtype
-        assert np.array_equal(out[name], arr)
+def test_the_server_packers_name_the_same_tensors():
+    assert packing.TENSOR_NAMES == TENSOR_NAMES == bestfit.BESTFIT_TENSOR_NAMES

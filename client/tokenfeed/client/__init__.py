@@ -1,6 +1,6 @@
 """tokenfeed's client: deterministic token batches as numpy arrays, over gRPC.
 
-Light by design: imports grpcio, protobuf and numpy only, never the server's dependencies
+Light by design: imports grpcio, protobuf, numpy and xxhash only, never the server's dependencies
 (`tokenfeed.client.torch` and `tokenfeed.client.jax` import their frameworks when used).
 
     from tokenfeed.client import Client

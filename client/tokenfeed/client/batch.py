@@ -1,8 +1,10 @@
 """A batch as the trainer sees it, and zero-copy ways to cut it up.
 
-`Batch` maps tensor names to read-only numpy views over the received bytes: numpy copies
-nothing (protobuf's Python runtime hands out each bytes field as one copy of its own, about
-30 us per MiB).
+`Batch` maps tensor names to read-only int32 numpy arrays of shape [rows, seq_len], computed
+lazily from the compact wire form (wire.py) the first time each is asked for: a trainer that
+reads only `input_ids` and `labels` pays for nothing else, and with int32 tokens those two are
+views of the received bytes. `batch.compact` is the compact form itself, for helpers that
+expand it on an accelerator (torch.py, jax.py).
 `microbatches` splits a rank's batch into gradient-accumulation micro-batches, also views.
 `varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`.
 """
@@ -12,35 +14,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from tokenfeed.client.wire import decode_tensors
+from tokenfeed.client.wire import TENSOR_NAMES, Compact, decode, expand
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 
 class Batch(Mapping[str, np.ndarray]):
     """One rank's slice of a step: read-only int32 arrays of shape [rows, seq_len]."""
 
-    __slots__ = ("_arrays", "job", "step", "rank", "world_size", "epoch", "fingerprint",
-                 "job_fingerprint", "server")  # fmt: skip
+    __slots__ = ("compact", "_arrays", "job", "step", "rank", "world_size", "epoch",
+                 "fingerprint", "job_fingerprint", "server")  # fmt: skip
 
     def __init__(self, msg: pb.Batch, verify: bool = True, server: str = ""):
-        self._arrays = decode_tensors(msg.tensors, msg.fingerprint if verify else None)
+        self.compact: Compact = decode(msg, verify)
+        self._arrays: dict[str, np.ndarray] = {}
         self.job, self.step, self.rank = msg.job, msg.step, msg.rank
         self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
         self.job_fingerprint = msg.job_fingerprint
         self.server = server
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._arrays[name]
+        arr = self._arrays.get(name)
+        if arr is None:
+            if name not in TENSOR_NAMES:
+                raise KeyError(name)
+            arr = expand(self.compact, name)
+            arr.flags.writeable = False
+            self._arrays[name] = arr
+        return arr
 
     def __iter__(self):
-        return iter(self._arrays)
+        return iter(TENSOR_NAMES)
 
     def __len__(self) -> int:
-        return len(self._arrays)
+        return len(TENSOR_NAMES)
 
     def __repr__(self) -> str:
-        shapes = {k: tuple(v.shape) for k, v in self._arrays.items()}
-        return f"Batch(job={self.job!r}, step={self.step}, rank={self.rank}, shapes={shapes})"
+        shape = (self.compact.rows, self.compact.seq_len)
+        return f"Batch(job={self.job!r}, step={self.step}, rank={self.rank}, shape={shape})"
 
 
 def microbatches(batch: Mapping[str, np.ndarray], count: int) -> list[dict[str, np.ndarray]]:

@@ -16,15 +16,50 @@ The recipe, with one process per host and the batch sharded over the data axis:
 
 Process p of P receives global rows [p*B/P, (p+1)*B/P) of every step, so the jax.Array that
 `make_array_from_process_local_data` assembles is exactly the global batch whatever P is.
-This module imports no JAX: it only names the slice each process must read.
+
+`expand(batch, device)` moves only the compact batch (the token array in its wire dtype and the
+document starts; docs/batch-format.md) to a device and derives the five int32 tensors there with
+jax.numpy. JAX is imported only when `expand` is called.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 from tokenfeed.client._client import Client
 from tokenfeed.client.batch import Batch
+from tokenfeed.client.wire import TENSOR_NAMES, Compact
+
+
+def expand(compact: Compact | Batch, device: Any = None) -> dict[str, Any]:
+    """The five int32 tensors [rows, seq_len] of a batch as jax Arrays on `device` (default:
+    JAX's default device), derived there from the compact form."""
+    import jax
+    import jax.numpy as jnp
+
+    c = compact.compact if isinstance(compact, Batch) else compact
+    L, rows = c.seq_len, c.rows
+    row_of = np.repeat(np.arange(rows, dtype=np.int32), np.diff(c.row_splits))
+    put = (lambda x: jax.device_put(x, device)) if device is not None else jax.device_put
+    tokens = put(np.ascontiguousarray(c.tokens)).astype(jnp.int32)
+    flat = put(row_of * L + c.starts.astype(np.int32))
+    mask = jnp.zeros(rows * L, dtype=bool).at[flat].set(True).reshape(rows, L)
+    mask = mask.at[:, 0].set(True)
+    col = jnp.arange(L, dtype=jnp.int32)
+    segment = jnp.cumsum(mask, axis=1, dtype=jnp.int32)
+    position = col - jax.lax.cummax(jnp.where(mask, col, 0), axis=1)
+    if c.padding is None:
+        loss = jnp.ones((rows, L), dtype=jnp.int32)
+    else:
+        used = (L + 1 - put(c.padding.astype(np.int32)))[:, None]
+        loss = (col + 1 < used).astype(jnp.int32)
+        segment = jnp.where(col < used, segment, 0)
+        position = jnp.where(col < used, position, 0)
+    out = {"input_ids": tokens[:, :L], "labels": tokens[:, 1:], "position_ids": position,
+           "segment_ids": segment, "loss_mask": loss}  # fmt: skip
+    return {name: out[name] for name in TENSOR_NAMES}
 
 
 def host_batches(

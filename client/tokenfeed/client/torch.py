@@ -16,8 +16,11 @@ size may differ on resume (elastic). Use `num_workers=0`: the client already rea
 background thread, and DataLoader workers would each hold a copy of the position, which the
 main process's `state_dict()` could not see.
 
-Tensors are copies (`torch.from_numpy` over read-only network buffers would be unsafe to write);
-one memcpy of the batch, which DataLoader's `pin_memory` would make anyway.
+With `device=` (e.g. "cuda"), only the compact batch (docs/batch-format.md: the token array in
+its wire dtype and the document starts, a fifth of the five int32 tensors or less) is copied to
+the device, and the five tensors are derived there (`expand`). Without it, the tensors are
+derived on the CPU and copied (`torch.from_numpy` over read-only network buffers would be
+unsafe to write); one memcpy of the batch, which DataLoader's `pin_memory` would make anyway.
 """
 
 from __future__ import annotations
@@ -27,16 +30,57 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from tokenfeed.client._client import Client
+from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import JobMismatch
+from tokenfeed.client.wire import TENSOR_NAMES, Compact
 from torch.utils.data import IterableDataset, get_worker_info
+
+
+def expand(compact: Compact | Batch, device: str | torch.device | None = None,
+           non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The five int32 tensors [rows, seq_len] of a batch, derived on `device` from the compact
+    form moved there (tokens in their wire dtype, the boundaries as small index arrays)."""
+    c = compact.compact if isinstance(compact, Batch) else compact
+    L, rows = c.seq_len, c.rows
+    # uint16 has too few torch ops: widen on the device, after the (narrow) copy.
+    narrow = np.ascontiguousarray(c.tokens).view(np.int16) if c.tokens.dtype.itemsize == 2 \
+        else np.ascontiguousarray(c.tokens)  # fmt: skip
+    tokens = torch.from_numpy(narrow.copy()).to(device, non_blocking=non_blocking)
+    if c.tokens.dtype.itemsize == 2:
+        tokens = tokens.to(torch.int32) & 0xFFFF
+    else:
+        tokens = tokens.to(torch.int32)
+    row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(c.row_splits))
+    index = torch.from_numpy(row_of * L + c.starts.astype(np.int64)).to(device)
+    mask = torch.zeros(rows * L, dtype=torch.bool, device=tokens.device)
+    mask[index] = True
+    mask = mask.view(rows, L)
+    mask[:, 0] = True
+    col = torch.arange(L, dtype=torch.int32, device=tokens.device)
+    segment = torch.cumsum(mask, dim=1, dtype=torch.int32)
+    last = torch.cummax(torch.where(mask, col, torch.zeros_like(col)), dim=1).values
+    position = col - last
+    if c.padding is None:
+        loss = torch.ones((rows, L), dtype=torch.int32, device=tokens.device)
+    else:
+        used = (L + 1 - torch.from_numpy(c.padding.astype(np.int64)).to(device))[:, None]
+        loss = (col + 1 < used).to(torch.int32)
+        valid = col < used
+        segment = segment * valid
+        position = position * valid
+    out = {"input_ids": tokens[:, :L], "labels": tokens[:, 1:], "position_ids": position,
+           "segment_ids": segment, "loss_mask": loss}  # fmt: skip
+    return {name: out[name] for name in TENSOR_NAMES}
 
 
 class TokenFeedDataset(IterableDataset):
     def __init__(
         self, client: Client, rank: int = 0, world_size: int = 1, *, start_step: int = 0,
         end_step: int | None = None, job: str | None = None,
+        device: str | torch.device | None = None,
     ):  # fmt: skip
         super().__init__()
+        self.device = device
         self.client = client
         self.job = job or client.job
         if not self.job:
@@ -59,7 +103,10 @@ class TokenFeedDataset(IterableDataset):
             # Counted as consumed once handed over: a checkpoint taken after the trainer
             # processed this batch resumes at the next one.
             self.next_step = batch.step + 1
-            yield {name: torch.from_numpy(np.array(arr)) for name, arr in batch.items()}
+            if self.device is not None:
+                yield expand(batch, self.device)
+            else:
+                yield {name: torch.from_numpy(np.array(arr)) for name, arr in batch.items()}
 
     def _check(self, fingerprint: str, source: str) -> None:
         """Adopt the first fingerprint seen; refuse any other after it."""

@@ -1,74 +1,207 @@
-"""Tensors on the wire: raw little-endian bytes with a dtype and a shape, and the batch fingerprint.
+"""The compact batch on the wire (docs/batch-format.md), shared by the server and the client.
 
-Shared by the server (encoding) and the client (decoding, verification); imports only numpy and
-the generated protos.
+A batch travels as one token array `[rows, seq_len + 1]` in the narrowest dtype that holds
+the vocabulary (uint16 up to 65,536 ids, else int32): `input_ids` and `labels` are its two
+overlapping views. Document boundaries travel as the positions (1 .. seq_len - 1) where a
+document piece starts inside each row, with row splits; best_fit padding as a count per row
+(the padding of a row is one run at its end). Everything else the trainer uses is derived:
+`position_ids`, `segment_ids`, `loss_mask` (and `cu_seqlens`, see batch.varlen).
 
-Fingerprint: hex SHA-256, truncated to 128 bits, over, for each tensor in order, the UTF-8 name,
-a NUL byte, the numpy dtype string (e.g. `<i4`), the shape as little-endian int64s, and the data.
+Fingerprint: hex xxh3-128 over a header (wire version, rows, seq_len, dtype codes) and the
+compact bytes: about 30 GB/s, against about 1.5 GB/s for SHA-256 over five int32 tensors.
+It detects corruption and mixed-up batches; it is not a signature (TLS authenticates).
+
+Imports only numpy, xxhash and the generated protos.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
-_TO_PROTO = {
-    np.dtype("<i4"): pb.DTYPE_INT32, np.dtype("<i8"): pb.DTYPE_INT64,
-    np.dtype("<u2"): pb.DTYPE_UINT16, np.dtype("u1"): pb.DTYPE_UINT8,
-    np.dtype("<f4"): pb.DTYPE_FLOAT32,
-}  # fmt: skip
-_FROM_PROTO = {code: dtype for dtype, code in _TO_PROTO.items()}
+WIRE_VERSION = 2
+TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
+_TOKEN_DTYPES = {pb.DTYPE_UINT16: np.dtype("<u2"), pb.DTYPE_INT32: np.dtype("<i4")}
+_TOKEN_CODES = {dtype: code for code, dtype in _TOKEN_DTYPES.items()}
 
 
 class WireError(ValueError):
-    """A message whose tensors do not decode: wrong size, unknown dtype, bad fingerprint."""
+    """A message that does not decode: wrong sizes, unknown dtype, bad fingerprint."""
 
 
-def fingerprint(named: Iterable[tuple[str, np.dtype, tuple[int, ...], bytes | memoryview]]) -> str:
-    h = hashlib.sha256()  # twice BLAKE2b's speed where the CPU has SHA instructions
-    for name, dtype, shape, data in named:
-        h.update(name.encode())
-        h.update(b"\0")
-        h.update(np.dtype(dtype).str.encode())
-        h.update(np.asarray(shape, dtype="<i8").tobytes())
-        h.update(data)
-    return h.hexdigest()[:32]
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest wire dtype holding every id of a vocabulary."""
+    return np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<i4")
 
 
-def encode_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[pb.Tensor], str]:
-    tensors, parts = [], []
-    for name, arr in arrays.items():
-        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-        if np.dtype(dtype) not in _TO_PROTO:
-            raise WireError(f"tensor {name}: dtype {arr.dtype} has no wire encoding")
-        data = np.ascontiguousarray(arr, dtype=dtype).tobytes()
-        tensors.append(pb.Tensor(name=name, dtype=_TO_PROTO[np.dtype(dtype)], shape=arr.shape,
-                                 data=data))  # fmt: skip
-        parts.append((name, np.dtype(dtype), arr.shape, data))
-    return tensors, fingerprint(parts)
+def position_dtype(seq_len: int) -> np.dtype:
+    """Boundary positions and padding counts: uint16 while seq_len + 1 fits."""
+    return np.dtype("<u2") if seq_len + 1 <= 65535 else np.dtype("<i4")
 
 
-def decode_tensors(
-    tensors: Iterable[pb.Tensor], expected_fingerprint: str | None = None
-) -> dict[str, np.ndarray]:
-    """Read-only numpy views over the messages' bytes (no copy of the tensor data)."""
-    out, parts = {}, []
-    for t in tensors:
-        dtype = _FROM_PROTO.get(t.dtype)
-        if dtype is None:
-            raise WireError(f"tensor {t.name}: unknown dtype code {t.dtype}")
-        shape = tuple(t.shape)
-        data = t.data
-        if len(data) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise WireError(f"tensor {t.name}: {len(data)} bytes do not fill shape {shape}")
-        out[t.name] = np.frombuffer(data, dtype=dtype).reshape(shape)
-        parts.append((t.name, dtype, shape, data))
-    if expected_fingerprint is not None:
-        got = fingerprint(parts)
-        if got != expected_fingerprint:
+@dataclass(frozen=True)
+class Compact:
+    """One rank's batch in compact form (numpy, read-only views where decoded)."""
+
+    tokens: np.ndarray  # [rows, seq_len + 1], uint16 or int32
+    starts: np.ndarray  # document piece starts in (0, seq_len), row by row
+    row_splits: np.ndarray  # int32 [rows + 1]: row r's starts are starts[splits[r]:splits[r+1]]
+    padding: np.ndarray | None  # per row, slots of padding at the row's end; None: no padding
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1]) - 1
+
+
+def compact_from_starts(tokens: np.ndarray, starts: np.ndarray,
+                        padding: np.ndarray | None = None) -> Compact:  # fmt: skip
+    """From token ids [rows, seq_len + 1] and a boolean mask of document starts of the same
+    shape (column 0 and the last column are ignored: a row always starts a piece, and the last
+    slot is a label only)."""
+    seq_len = tokens.shape[1] - 1
+    rows, cols = np.nonzero(starts[:, 1:seq_len])
+    splits = np.zeros(len(tokens) + 1, dtype=np.int32)
+    np.cumsum(np.bincount(rows, minlength=len(tokens)), out=splits[1:])
+    pad = None
+    if padding is not None and np.any(padding):
+        pad = np.asarray(padding).astype(position_dtype(seq_len))
+    return Compact(tokens, (cols + 1).astype(position_dtype(seq_len)), splits, pad)
+
+
+def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> Compact:
+    """From the five int32 tensors (the inverse of `expand`): tokens are the inputs plus the
+    last label, starts are where `position_ids` is 0 among the row's tokens, padding is what
+    `loss_mask` leaves out."""
+    ids, labels = arrays["input_ids"], arrays["labels"]
+    seq_len = ids.shape[1]
+    tokens = np.empty((len(ids), seq_len + 1), dtype=dtype)
+    tokens[:, :seq_len] = ids
+    tokens[:, seq_len] = labels[:, -1]
+    used = arrays["loss_mask"].sum(axis=1, dtype=np.int64) + 1  # slots holding tokens
+    col = np.arange(seq_len + 1)
+    starts = np.zeros(tokens.shape, dtype=bool)
+    starts[:, :seq_len] = arrays["position_ids"] == 0
+    starts &= col < used[:, None]
+    return compact_from_starts(tokens, starts, seq_len + 1 - used)
+
+
+def _header(c: Compact) -> bytes:
+    return struct.pack("<IqqII", WIRE_VERSION, c.rows, c.seq_len,
+                       _TOKEN_CODES[np.dtype(c.tokens.dtype)],
+                       0 if c.padding is None else 1)  # fmt: skip
+
+
+def fingerprint(c: Compact) -> str:
+    h = xxhash.xxh3_128(_header(c))
+    h.update(np.ascontiguousarray(c.tokens))
+    h.update(np.ascontiguousarray(c.starts))
+    h.update(np.ascontiguousarray(c.row_splits))
+    if c.padding is not None:
+        h.update(np.ascontiguousarray(c.padding))
+    return h.hexdigest()
+
+
+def encode(c: Compact) -> dict:
+    """The fields of a `tokenfeed.v1.Batch` that carry the compact batch, with its fingerprint."""
+    dtype = np.dtype(c.tokens.dtype).newbyteorder("<")
+    if dtype not in _TOKEN_CODES:
+        raise WireError(f"tokens of dtype {c.tokens.dtype} have no wire encoding")
+    return {
+        "wire_version": WIRE_VERSION, "rows": c.rows, "seq_len": c.seq_len,
+        "token_dtype": _TOKEN_CODES[dtype], "tokens": np.ascontiguousarray(c.tokens).tobytes(),
+        "starts": c.starts.tobytes(), "row_splits": c.row_splits.astype("<i4").tobytes(),
+        "padding": b"" if c.padding is None else c.padding.tobytes(),
+        "fingerprint": fingerprint(c),
+    }  # fmt: skip
+
+
+def _array(data: bytes, dtype: np.dtype, count: int, what: str) -> np.ndarray:
+    if len(data) != count * dtype.itemsize:
+        raise WireError(f"{what}: {len(data)} bytes, expected {count} of {dtype.name}")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def decode(msg: pb.Batch, verify: bool = True) -> Compact:
+    """Read-only numpy views over the message's bytes (no copy), checked for consistency."""
+    if msg.wire_version != WIRE_VERSION:
+        raise WireError(f"batch of wire version {msg.wire_version}; this client reads "
+                        f"version {WIRE_VERSION} (upgrade the older side)")  # fmt: skip
+    dtype = _TOKEN_DTYPES.get(msg.token_dtype)
+    if dtype is None:
+        raise WireError(f"unknown token dtype code {msg.token_dtype}")
+    rows, seq_len = msg.rows, msg.seq_len
+    if rows < 0 or seq_len < 1:
+        raise WireError(f"batch of {rows} rows of seq_len {seq_len}")
+    tokens = _array(msg.tokens, dtype, rows * (seq_len + 1), "tokens").reshape(rows, seq_len + 1)
+    splits = _array(msg.row_splits, np.dtype("<i4"), rows + 1, "row_splits")
+    pdtype = position_dtype(seq_len)
+    starts = _array(msg.starts, pdtype, len(msg.starts) // pdtype.itemsize, "starts")
+    if splits[0] != 0 or np.any(np.diff(splits) < 0) or splits[-1] != len(starts):
+        raise WireError("row_splits do not partition the document starts")
+    if len(starts) and (starts.min() < 1 or starts.max() >= seq_len):
+        raise WireError(f"document starts outside (0, {seq_len})")
+    padding = None
+    if msg.padding:
+        padding = _array(msg.padding, pdtype, rows, "padding")
+        if padding.max() > seq_len:
+            raise WireError(f"padding of more than {seq_len} slots")
+    c = Compact(tokens, starts, splits, padding)
+    if verify:
+        got = fingerprint(c)
+        if got != msg.fingerprint:
             raise WireError(f"batch fingerprint mismatch: computed {got}, server sent "
-                            f"{expected_fingerprint}")  # fmt: skip
+                            f"{msg.fingerprint}")  # fmt: skip
+    return c
+
+
+# -- expansion into the trainer's tensors (numpy; torch.py and jax.py do the same on device) --
+
+
+def _starts_mask(c: Compact) -> np.ndarray:
+    mask = np.zeros((c.rows, c.seq_len), dtype=bool)
+    mask[:, 0] = True
+    rows = np.repeat(np.arange(c.rows), np.diff(c.row_splits))
+    mask[rows, c.starts] = True
+    return mask
+
+
+def _used(c: Compact) -> np.ndarray | None:
+    """Slots holding tokens per row ([rows, 1]), or None when no row has padding."""
+    if c.padding is None:
+        return None
+    return (c.seq_len + 1 - c.padding.astype(np.int64))[:, None]
+
+
+def expand(c: Compact, name: str) -> np.ndarray:
+    """One of the trainer's int32 tensors [rows, seq_len], computed with vectorised numpy:
+    `input_ids` and `labels` are views when the tokens are int32."""
+    L = c.seq_len
+    if name == "input_ids":
+        return c.tokens[:, :L].astype(np.int32, copy=False)
+    if name == "labels":
+        return c.tokens[:, 1:].astype(np.int32, copy=False)
+    col = np.arange(L, dtype=np.int32)
+    used = _used(c)
+    if name == "loss_mask":
+        if used is None:
+            return np.ones((c.rows, L), dtype=np.int32)
+        return (col + 1 < used).astype(np.int32)
+    mask = _starts_mask(c)
+    if name == "segment_ids":
+        out = np.cumsum(mask, axis=1, dtype=np.int32)
+    elif name == "position_ids":
+        out = col - np.maximum.accumulate(np.where(mask, col, 0), axis=1)
+    else:
+        raise KeyError(name)
+    if used is not None:
+        out[col >= used] = 0  # padding: segment 0, position 0
     return out

@@ -59,37 +59,39 @@ class StreamBatchesRequest(_message.Message):
     world_size: int
     def __init__(self, job: _Optional[str] = ..., start_step: _Optional[int] = ..., end_step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
 
-class Tensor(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "data")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    dtype: DType
-    shape: _containers.RepeatedScalarFieldContainer[int]
-    data: bytes
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
-
 class Batch(_message.Message):
-    __slots__ = ("job", "step", "rank", "world_size", "tensors", "fingerprint", "epoch", "job_fingerprint")
+    __slots__ = ("job", "step", "rank", "world_size", "fingerprint", "epoch", "job_fingerprint", "wire_version", "rows", "seq_len", "token_dtype", "tokens", "starts", "row_splits", "padding")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
-    TENSORS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     JOB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    ROW_SPLITS_FIELD_NUMBER: _ClassVar[int]
+    PADDING_FIELD_NUMBER: _ClassVar[int]
     job: str
     step: int
     rank: int
     world_size: int
-    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     fingerprint: str
     epoch: int
     job_fingerprint: str
-    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., fingerprint: _Optional[str] = ..., epoch: _Optional[int] = ..., job_fingerprint: _Optional[str] = ...) -> None: ...
+    wire_version: int
+    rows: int
+    seq_len: int
+    token_dtype: DType
+    tokens: bytes
+    starts: bytes
+    row_splits: bytes
+    padding: bytes
+    def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., fingerprint: _Optional[str] = ..., epoch: _Optional[int] = ..., job_fingerprint: _Optional[str] = ..., wire_version: _Optional[int] = ..., rows: _Optional[int] = ..., seq_len: _Optional[int] = ..., token_dtype: _Optional[_Union[DType, str]] = ..., tokens: _Optional[bytes] = ..., starts: _Optional[bytes] = ..., row_splits: _Optional[bytes] = ..., padding: _Optional[bytes] = ...) -> None: ...
 
 class DescribeJobRequest(_message.Message):
     __slots__ = ("job",)

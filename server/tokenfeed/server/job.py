@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from tokenfeed.client import wire
 from tokenfeed.server import bestfit, metrics, order, packing
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.config import JobSpec
@@ -442,11 +443,14 @@ class Job:
                 raise JobFailedError(str(e)) from e
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
-        """(epoch of the first row, arrays of shape [rows, seq_len]) of one rank's slice."""
-        return self.assemble(self.plan(step, rank, world_size))
+        """(epoch of the first row, the five int32 arrays [rows, seq_len]) of one rank's slice,
+        expanded as the client expands the wire form."""
+        epoch, compact = self.assemble(self.plan(step, rank, world_size))
+        return epoch, {name: wire.expand(compact, name) for name in wire.TENSOR_NAMES}
 
-    def assemble(self, plan: Plan) -> tuple[int, dict[str, np.ndarray]]:
-        """(epoch of the first row, int32 arrays of shape [rows, seq_len]) of a plan."""
+    def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
+        """(epoch of the first row, the compact batch) of a plan: token ids in the wire's
+        dtype and document starts (docs/batch-format.md)."""
         seq_len, t = self.spec.seq_len, self.tokenizer
         first_epoch = 0
         for part in plan.parts:
@@ -454,12 +458,17 @@ class Job:
             if hit.size:
                 first_epoch = int(part.epochs[hit[0]])
         if self.spec.packing == "best_fit":
-            return first_epoch, self._assemble_bestfit(plan)
-        arrays = packing.assemble_concat(
+            return first_epoch, wire.compact_from_tensors(self._assemble_bestfit(plan),
+                                                          self.wire_dtype)  # fmt: skip
+        ids, starts = packing.assemble_concat(
             plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
             self._stream, lambda d, c: self._chunk(d, c).tokens, t.bos_id, t.eos_id,
         )  # fmt: skip
-        return first_epoch, arrays
+        return first_epoch, wire.compact_from_starts(ids.astype(self.wire_dtype), starts)
+
+    @property
+    def wire_dtype(self) -> np.dtype:
+        return wire.token_dtype(self.tokenizer.vocab_size)
 
     def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
         s, t = self.spec, self.tokenizer

@@ -135,8 +135,9 @@ def assemble_concat(
     rows: int, seq_len: int, parts: list[tuple[Any, np.ndarray, Any]],
     stream: Callable[[Any, int, int], ChunkStream], tokens: Callable[[Any, int], np.ndarray],
     bos_id: int, eos_id: int,
-) -> dict[str, np.ndarray]:  # fmt: skip
-    """The tensors of `rows` rows made of pieces of chunk streams. `parts` holds (dataset,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Token ids [rows, seq_len + 1] (int32) and document starts (bool, same shape) of `rows`
+    rows made of pieces of chunk streams (`concat_tensors` expands them). `parts` holds (dataset,
     slots, pieces) triples: order.Pieces whose `row` indexes `slots`, the rows' places in the
     batch; `stream(dataset, epoch, chunk)` and `tokens(dataset, chunk)` give a chunk's stream
     in that epoch and its stored tokens."""
@@ -153,7 +154,7 @@ def assemble_concat(
             e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
             fill_concat(stream(dataset, e, c), tokens(dataset, c), pc.lo[sel], pc.hi[sel],
                         at[sel], bos_id, eos_id, flat_ids, flat_starts)  # fmt: skip
-    return concat_tensors(ids, starts, seq_len)
+    return ids, starts
 
 
 def concat_pieces(

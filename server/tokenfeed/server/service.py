@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Executor
 
 import grpc
-from tokenfeed.client.wire import encode_tensors
+from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
 from tokenfeed.server.job import MAX_STEP, READY, Job
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -106,14 +106,14 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.note_request(step, rank, world_size)
         with job.pinned(plan):  # its chunks stay in the cache until the batch is built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
-            epoch, arrays = job.assemble(plan)
-        tensors, fingerprint = encode_tensors(arrays)
-        job.progress.tokens_served += plan[0] * job.spec.seq_len
-        metrics.SERVED_TOKENS.labels(job.name).inc(plan[0] * job.spec.seq_len)
-        metrics.SERVED_BYTES.labels(job.name).inc(sum(a.nbytes for a in arrays.values()))
-        return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
-                        tensors=tensors, fingerprint=fingerprint, epoch=epoch,
-                        job_fingerprint=job.fingerprint)  # fmt: skip
+            epoch, compact = job.assemble(plan)
+        fields = wire.encode(compact)
+        job.progress.tokens_served += plan.rows * job.spec.seq_len
+        metrics.SERVED_TOKENS.labels(job.name).inc(plan.rows * job.spec.seq_len)
+        metrics.SERVED_BYTES.labels(job.name).inc(
+            sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding")))
+        return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size, epoch=epoch,
+                        job_fingerprint=job.fingerprint, **fields)  # fmt: skip
 
     @_unary
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:
