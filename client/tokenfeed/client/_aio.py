@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 from tokenfeed.client._client import _to_dict
+from tokenfeed.client._credentials import Credentials
 from tokenfeed.client._session import CHANNEL_OPTIONS, ClientBase
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded, TokenfeedClientError, from_rpc_error
@@ -25,14 +26,14 @@ class AsyncClient(ClientBase):
     """`async with AsyncClient(target, job=...) as feed: batch = await feed.get_batch(step)`."""
 
     def __init__(self, target: str, job: str | None = None, **options):
-        """Options: timeout, attempt_timeout, prefetch, verify, backoff, max_backoff,
-        suspect_seconds (docs/client.md)."""
+        """Options and credentials as for `Client` (docs/client.md)."""
+        self.credentials = Credentials.from_options(target, options)
         super().__init__(target, job, **options)
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.TokenFeedStub]] = {}
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
         if addr not in self._stubs:
-            channel = grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS)
+            channel = self.credentials.aio_channel(addr, CHANNEL_OPTIONS)
             self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
         return self._stubs[addr][1]
 
@@ -59,7 +60,8 @@ class AsyncClient(ClientBase):
                     break
                 try:
                     call = getattr(self.stub(addr), method)
-                    return addr, await call(request, timeout=self.session.attempt_timeout(deadline))
+                    return addr, await call(request, timeout=self.session.attempt_timeout(deadline),
+                                            metadata=self.credentials.metadata())  # fmt: skip
                 except grpc.RpcError as e:
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
@@ -126,7 +128,8 @@ class AsyncClient(ClientBase):
                       end: int | None, rank: int, world: int):  # fmt: skip
         """(next step, None) after a clean end, or (next step, error) after a retryable one."""
         call = self.stub(addr).StreamBatches(
-            self.session.stream_request(job, step, end, rank, world)
+            self.session.stream_request(job, step, end, rank, world),
+            metadata=self.credentials.metadata(),
         )
         limit = self.session.silence_limit
         try:

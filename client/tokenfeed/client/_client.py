@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import grpc
 from google.protobuf import json_format
+from tokenfeed.client._credentials import Credentials
 from tokenfeed.client._session import CHANNEL_OPTIONS, ClientBase
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
@@ -31,7 +32,9 @@ class Client(ClientBase):
 
     def __init__(self, target: str, job: str | None = None, **options):
         """Options: timeout, attempt_timeout, prefetch, verify, backoff, max_backoff,
-        suspect_seconds (docs/client.md)."""
+        suspect_seconds; credentials: tls, tls_root_certs, tls_client_cert, tls_client_key,
+        tls_server_name, token, token_file (docs/client.md)."""
+        self.credentials = Credentials.from_options(target, options)
         super().__init__(target, job, **options)
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
         self._streams: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
@@ -43,7 +46,7 @@ class Client(ClientBase):
             if self._closed:
                 raise ValueError("this Client is closed")
             if addr not in self._stubs:
-                channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+                channel = self.credentials.channel(addr, CHANNEL_OPTIONS)
                 self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
             return self._stubs[addr][1]
 
@@ -77,7 +80,8 @@ class Client(ClientBase):
                     break
                 try:
                     call = getattr(self.stub(addr), method)
-                    return addr, call(request, timeout=self.session.attempt_timeout(deadline))
+                    return addr, call(request, timeout=self.session.attempt_timeout(deadline),
+                                      metadata=self.credentials.metadata())  # fmt: skip
                 except grpc.RpcError as e:
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
@@ -215,7 +219,8 @@ class _Prefetcher:
     def _stream(self, addr: str) -> None:
         request = self.session.stream_request(self.job, self.step, self.end, self.rank,
                                               self.world)  # fmt: skip
-        call = self._call = self.client.stub(addr).StreamBatches(request)
+        metadata = self.client.credentials.metadata()
+        call = self._call = self.client.stub(addr).StreamBatches(request, metadata=metadata)
         self._watchdog.watch(call)
         try:
             for msg in call:

@@ -14,7 +14,7 @@ import grpc
 import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tokenfeed.server import metrics
+from tokenfeed.server import auth, metrics
 from tokenfeed.server.cache import BlockFiles, DiskCache
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import ConfigError
@@ -68,12 +68,27 @@ def check_budget(config: Config) -> None:
                     )
 
 
-def _listen(server: grpc.aio.Server, listen: str) -> str:
+def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None,
+            key: str = "server.listen") -> str:  # fmt: skip
     try:
-        port = server.add_insecure_port(listen)
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError as e:  # grpc's way of saying the address is taken or invalid
-        raise ConfigError(f"server.listen: cannot listen on {listen!r}: {e}") from None
+        raise ConfigError(f"{key}: cannot listen on {listen!r}: {e}") from None
     return f"{listen.rsplit(':', 1)[0]}:{port}"
+
+
+def _security(config: Config) -> tuple[grpc.ServerCredentials | None, list]:
+    """The gRPC port's credentials and interceptors, from files read (and checked) now."""
+    s = config.server
+    credentials = auth.server_credentials(s.tls, config.origin) if s.tls.enabled else None
+    tokens = auth.TokenSet(s.auth, os.environ, config.origin) if s.auth.enabled else None
+    mode = ("mTLS" if s.tls.client_ca_file else "TLS") if credentials is not None else "plaintext"
+    log.info("gRPC port: %s, %s", mode,
+             f"{len(tokens)} bearer token(s)" if tokens else "no authentication")  # fmt: skip
+    return credentials, [auth.AuthInterceptor(tokens)] if tokens else []
 
 
 async def serve(config: Config, ready_file: str | None = None) -> None:
@@ -82,11 +97,12 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before anything can be told we serve
         loop.add_signal_handler(sig, stop.set)
     check_budget(config)
+    credentials, interceptors = _security(config)
     jobs = build_jobs(config)
     threads = config.server.tokenize_threads
     tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
     io = ThreadPoolExecutor(2, thread_name_prefix="chunk-io")
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
     servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds, io)
     pb_grpc.add_TokenFeedServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -95,9 +111,18 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server,
     )  # fmt: skip
-    address = _listen(server, config.server.listen)
+    address = _listen(server, config.server.listen, credentials)
+    # Health alone, in plaintext, on its own port: the kubelet's gRPC probes cannot speak TLS.
+    health_server, health_address = None, ""
+    if config.server.health_listen:
+        health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_address = _listen(health_server, config.server.health_listen,
+                                 key="server.health_listen")  # fmt: skip
     http = start_http(config.server.metrics_listen, jobs) if config.server.metrics_listen else None
     await server.start()
+    if health_server is not None:
+        await health_server.start()
     # Health says SERVING once every job can serve its first step (the windows it needs are
     # built; the rest is built in sample order while serving) or has failed: before that a
     # request could only wait or be told UNAVAILABLE, so probes and load balancers look elsewhere.
@@ -107,7 +132,8 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     if ready_file:
         tmp = Path(ready_file + ".tmp")
         ready = {"address": address, "pid": os.getpid(),
-                 "metrics": http.address if http is not None else ""}  # fmt: skip
+                 "metrics": http.address if http is not None else "",
+                 "health": health_address}  # fmt: skip
         tmp.write_text(json.dumps(ready))
         tmp.replace(ready_file)
 
@@ -133,6 +159,8 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     for job in jobs.values():
         job.cancel()  # tokenizing threads stop at their next encode batch
     await server.stop(config.server.grace_seconds)
+    if health_server is not None:  # answered NOT_SERVING through the drain
+        await health_server.stop(None)
     for task in builds:
         task.cancel()
     tokenize.shutdown(wait=True, cancel_futures=True)

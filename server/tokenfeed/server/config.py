@@ -92,6 +92,33 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """TLS on the gRPC port; auth.py reads and checks the files when the server starts."""
+
+    cert_file: str = ""  # PEM certificate chain; empty: no TLS
+    key_file: str = ""  # PEM private key of the certificate, unencrypted
+    # PEM CA bundle: when set, every client must present a certificate it signed (mTLS).
+    client_ca_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    """Bearer tokens every call but the health checks must carry (auth.py). The accepted set is
+    the union of the file's tokens and the variable's."""
+
+    tokens_file: str = ""  # one token per line, `#` comments; re-read when it changes
+    tokens_env: str = ""  # the name of an environment variable holding tokens, read at start
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens_file or self.tokens_env)
+
+
+@dataclass(frozen=True)
 class ServerSpec:
     listen: str = "127.0.0.1:50051"
     # Prometheus metrics and the status page; empty: no HTTP port.
@@ -106,6 +133,11 @@ class ServerSpec:
     # How long a request waits for a job that is still indexing before UNAVAILABLE.
     max_wait_seconds: float = 30.0
     grace_seconds: float = 10.0
+    # A plaintext gRPC port serving grpc.health.v1 only, for probes that cannot speak TLS (the
+    # kubelet's); empty: none.
+    health_listen: str = ""
+    tls: TlsSpec = field(default_factory=TlsSpec)
+    auth: AuthSpec = field(default_factory=AuthSpec)
 
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -350,9 +382,38 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         log_format=s.str("log_format", "text", ("text", "json")),
         max_wait_seconds=s.number("max_wait_seconds", ServerSpec.max_wait_seconds),
         grace_seconds=s.number("grace_seconds", ServerSpec.grace_seconds),
+        health_listen=s.opt_str("health_listen") or "",
+        tls=_tls(s.get("tls"), base),
+        auth=_auth(s.get("auth"), base),
     )
     s.done()
     return spec
+
+
+def _tls(raw: Any, base: Path) -> TlsSpec:
+    if raw is None:
+        return TlsSpec()
+    s = Section(raw, "server.tls")
+    ca = s.opt_str("client_ca_file")
+    spec = TlsSpec(cert_file=resolve(s.str("cert_file"), base),
+                   key_file=resolve(s.str("key_file"), base),
+                   client_ca_file=resolve(ca, base) if ca else "")  # fmt: skip
+    s.done()
+    return spec
+
+
+def _auth(raw: Any, base: Path) -> AuthSpec:
+    if raw is None:
+        return AuthSpec()
+    s = Section(raw, "server.auth")
+    path, env = s.opt_str("tokens_file"), s.opt_str("tokens_env")
+    s.done()
+    if not (path or env):
+        raise ConfigError(f"server.auth: expected tokens_file, tokens_env or both, got {raw!r}")
+    if env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+        raise ConfigError(f"server.auth.tokens_env: expected the name of an environment "
+                          f"variable, got {env!r}")  # fmt: skip
+    return AuthSpec(tokens_file=resolve(path, base) if path else "", tokens_env=env or "")
 
 
 def _object_store(raw: Any) -> ObjectStoreSpec:
