@@ -8,6 +8,7 @@ Relative paths are resolved against the directory of the config file.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import tomllib
@@ -138,6 +139,11 @@ class ServerSpec:
     health_listen: str = ""
     tls: TlsSpec = field(default_factory=TlsSpec)
     auth: AuthSpec = field(default_factory=AuthSpec)
+    # Serving processes on the listen port (workers.py). 1: one process owns the cache and
+    # serves, as a sidecar beside one trainer wants. More (or `auto`: the CPUs this process
+    # may use, capped by its cgroup's CPU quota): a supervisor owns the cache and that many
+    # workers serve, so every core of a data node serves.
+    workers: int = 1
 
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -385,9 +391,32 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         health_listen=s.opt_str("health_listen") or "",
         tls=_tls(s.get("tls"), base),
         auth=_auth(s.get("auth"), base),
+        workers=_workers(s),
     )
     s.done()
     return spec
+
+
+def _workers(s: Section) -> int:
+    raw = s.get("workers", ServerSpec.workers)
+    if raw == "auto":
+        return available_cpus()
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 1024:
+        raise ConfigError(f"{s.path('workers')}: expected an integer in [1, 1024] or 'auto', "
+                          f"got {raw!r}")  # fmt: skip
+    return raw
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on, capped by a cgroup v2 CPU quota (a container's limit)."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            count = min(count, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, count or 1)
 
 
 def _tls(raw: Any, base: Path) -> TlsSpec:

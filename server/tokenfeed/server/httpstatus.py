@@ -167,7 +167,7 @@ def render(s: dict) -> str:
 
 
 class StatusServer:
-    def __init__(self, listen: str, jobs: dict[str, Job]):
+    def __init__(self, listen: str, jobs: dict[str, Job], registry=metrics.REGISTRY):
         host, _, port = listen.rpartition(":")
         self.jobs, self.events, self.throughput = jobs, RecentEvents(), _Throughput(jobs)
         logging.getLogger().addHandler(self.events)
@@ -178,7 +178,7 @@ class StatusServer:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     refresh_gauges(outer.jobs)
-                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.REGISTRY))
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
                 elif path in ("/", "/status"):
                     page = render(status(outer.jobs, outer.events, outer.throughput))
                     self._send(200, "text/html; charset=utf-8", page.encode())
@@ -220,5 +220,7 @@ class StatusServer:
         self.httpd.server_close()
 
 
-def start_http(listen: str, jobs: dict[str, Job]) -> StatusServer:
-    return StatusServer(listen, jobs)
+def start_http(listen: str, jobs: dict[str, Job], registry=None) -> StatusServer:
+    """`registry`: what /metrics exposes (default: this process's metrics; a supervisor
+    passes one that adds its workers' counts)."""
+    return StatusServer(listen, jobs, registry if registry is not None else metrics.REGISTRY)

@@ -29,6 +29,7 @@ import numpy as np
 from tokenfeed.server import bestfit, metrics, order, packing, pretokenized
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
 from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
+from tokenfeed.server.control import SupervisorLink
 from tokenfeed.server.errors import (
     BadRecordError,
     LocalError,
@@ -55,6 +56,7 @@ INDEXING, READY, FAILED = "indexing", "ready", "failed"
 BAD_EXAMPLES_PER_CHUNK = 20
 RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
 POLL_SECONDS = 0.5  # how often a chunk another node tokenizes is looked for in the shared store
+WORKER_POLL_SECONDS = 0.05  # how often a serving worker looks for the supervisor's manifests
 
 
 class ChunkKeys:
@@ -94,9 +96,14 @@ class BuildCancelled(Exception):
 class DatasetIndex:
     def __init__(self, spec: JobSpec, dataset: DatasetSpec, store: TokenStore,
                  tokenizer: TextTokenizer, storage: Storage,
-                 shared: SharedStore | None = None):  # fmt: skip
+                 shared: SharedStore | None = None,
+                 supervisor: SupervisorLink | None = None):  # fmt: skip
         self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
         self.storage, self.shared = storage, shared
+        # In a serving worker (control.py): the supervisor plans and tokenizes; this index
+        # only reads the manifests it commits, and asks it for evicted bodies.
+        self.supervisor = supervisor
+        self.position = spec.datasets.index(dataset)  # in the job
         # An offline build into a shared store keeps only manifests here (the store has all).
         self.keep_bodies = True
         self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
@@ -174,7 +181,10 @@ class DatasetIndex:
 
     async def _build_once(self, executor: Executor, parallel: int) -> None:
         loop = asyncio.get_running_loop()
-        if not self.chunks:
+        if not self.chunks and self.supervisor is not None:  # planned once, by the owner
+            planned = await loop.run_in_executor(executor, self.supervisor.chunks, self.spec.name)
+            self.adopt(planned[self.position])
+        elif not self.chunks:
             await loop.run_in_executor(executor, self._plan)
             self.store.cache.claim(self.raw_claim, self.raw_working_set(parallel),
                                    f"job {self.name} (the raw data of {parallel} chunks "
@@ -185,9 +195,11 @@ class DatasetIndex:
         # publishes them (or takeover_seconds pass): chunk -> [first deferred, last checked].
         deferred: dict[int, list[float]] = {}
 
+        poll = POLL_SECONDS if self.supervisor is None else WORKER_POLL_SECONDS
+
         def pick() -> int | None:
             now = time.monotonic()
-            due = [i for i, (_, checked) in deferred.items() if now - checked >= POLL_SECONDS]
+            due = [i for i, (_, checked) in deferred.items() if now - checked >= poll]
             if due:  # the earliest in sample order first: a request may be waiting on it
                 return min(due, key=lambda i: self.position0[i])
             return todo.pop() if todo else None
@@ -196,7 +208,7 @@ class DatasetIndex:
             while (todo or deferred) and not self._cancel.is_set():
                 i = pick()
                 if i is None:
-                    await asyncio.sleep(POLL_SECONDS / 4)
+                    await asyncio.sleep(poll / 4)
                     continue
                 since = deferred.get(i, [time.monotonic()])[0]
                 got = await loop.run_in_executor(executor, self._index_or_defer, i, since)
@@ -288,6 +300,8 @@ class DatasetIndex:
         """Runs in a worker thread: index chunk i, or None to come back to it later (it is
         another live node's to tokenize and not published yet)."""
         key, shared = self.keys[i], self.shared
+        if self.supervisor is not None and self.store.get_index(key) is None:
+            return None  # the supervisor has not committed it yet
         if shared is not None and self.store.get_index(key) is None:
             if shared.manifest(key) is None:
                 if not shared.mine(key):
@@ -334,6 +348,12 @@ class DatasetIndex:
         one chunk tokenize it once."""
         key = self.keys[i]
         found = self.store.get_index(key)
+        if self.supervisor is not None and (found is None or body and not self.store.has_body(key)):
+            self.supervisor.ensure(self.spec.name, self.position, i)  # the owner builds it
+            found = self.store.get_index(key)
+            if found is None:
+                raise StoreCorruptError(f"token chunk {key} is missing after the supervisor "
+                                        "built it")  # fmt: skip
         if found is not None and (not body or self.store.has_body(key)):
             # Possibly stored by a job with the skip policy: the manifest kept the locations.
             self._check_policy(found.bad_examples)

@@ -25,6 +25,7 @@ from tokenfeed.client import wire
 from tokenfeed.server import bestfit, metrics, order, packing
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.config import JobSpec
+from tokenfeed.server.control import SupervisorLink
 from tokenfeed.server.errors import (
     BadRecordError,
     CacheTooSmallError,
@@ -63,6 +64,10 @@ class _LRU:
         with self._lock:
             return key in self._items
 
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._items)
+
     def discard(self, key) -> None:
         with self._lock:
             self._items.pop(key, None)
@@ -99,11 +104,13 @@ class Plan(NamedTuple):
 
 class Job:
     def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None,
-                 shared: SharedStore | None = None):  # fmt: skip
+                 shared: SharedStore | None = None,
+                 supervisor: SupervisorLink | None = None):  # fmt: skip
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage = storage = storage or Storage()
+        self.supervisor = supervisor  # in a serving worker: the process that owns the cache
         self.tokenizer = TextTokenizer(spec.tokenizer, storage.read_object(spec.tokenizer.path)[1])
-        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage, shared)
+        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage, shared, supervisor)
                         for d in spec.datasets]  # fmt: skip
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
@@ -320,7 +327,14 @@ class Job:
 
     # ---------------------------------------------------------------- the future
 
+    def note_served(self, tokens: int) -> None:
+        self.progress.tokens_served += tokens
+        if self.supervisor is not None:  # its status page counts every worker's tokens
+            self.supervisor.served(self.name, tokens)
+
     def note_request(self, step: int, rank: int, world_size: int) -> None:
+        if self.supervisor is not None:  # its prefetch and eviction follow the trainers
+            self.supervisor.note(self.name, step, rank, world_size)
         self.progress.note(step, rank, world_size)
         metrics.JOB_FURTHEST_STEP.labels(self.name).set(self.progress.furthest)
 
@@ -568,6 +582,15 @@ class Job:
         # chunk has the same bytes (its digest is checked against the index).
         idx = self.indexes[d]
         return self._checked(idx, c, idx.open_body(c)[1])
+
+    def forget_gone(self) -> int:
+        """In a serving worker: drop the mappings of bodies the supervisor has evicted since
+        (so their disk space is freed); the number dropped."""
+        gone = [(d, c) for d, c in self._open.keys()
+                if self.store.gone(self.indexes[d].keys[c])]  # fmt: skip
+        for key in gone:
+            self._open.discard(key)
+        return len(gone)
 
     def _forget(self, entry: tuple[str, str]) -> None:
         """An evicted body is no longer mapped here (called with the cache's lock held)."""

@@ -108,7 +108,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
             epoch, compact = job.assemble(plan)
         fields = wire.encode(compact)
-        job.progress.tokens_served += plan.rows * job.spec.seq_len
+        job.note_served(plan.rows * job.spec.seq_len)
         metrics.SERVED_TOKENS.labels(job.name).inc(plan.rows * job.spec.seq_len)
         metrics.SERVED_BYTES.labels(job.name).inc(
             sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding")))

@@ -369,6 +369,10 @@ class TokenStore:
         m = self._manifest(key)
         if m is None or not self.cache.lookup("chunk", key, count=False):
             raise ChunkMissing(f"token chunk {key} is not in the cache")
+        return self._map(key, m)
+
+    def _map(self, key: str, m: dict) -> TokenChunk:
+        """Check (sizes on every open, digests once per process) and map a chunk's body."""
         bin_path, idx_path, rec_path, _ = self._paths(key)
         if not self._body_complete(key, m):  # sizes on every open, digests once
             self.drop(key, "files disagree with the manifest's sizes", body_only=True)
@@ -394,6 +398,10 @@ class TokenStore:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             tokens = np.frombuffer(mapped, dtype=dtype.newbyteorder("<"))
         return TokenChunk(tokens, pointers // dtype.itemsize, lengths)
+
+    def gone(self, key: str) -> bool:
+        """The body's files were removed (evicted) since they were mapped."""
+        return not self._paths(key)[0].exists()
 
     def drop(self, key: str, why: str, body_only: bool = False) -> None:
         """Remove a corrupt chunk: its body, or everything (then it is re-tokenized)."""
@@ -444,3 +452,38 @@ def manifest_data_start(m: dict) -> DataStart:
 
 def _body_bytes(m: dict) -> int:
     return m["bin_bytes"] + m["idx_bytes"] + m["rec_bytes"]
+
+
+class StoreView(TokenStore):
+    """A serving worker's read-only view of the supervisor's token store (control.py): the
+    same files, never written, scanned or evicted here. A body is present when its files are
+    complete on disk; the supervisor makes it so on request. A mapped body stays readable
+    after the supervisor evicts it (the kernel keeps unlinked files while they are mapped);
+    `forget_gone` lets the worker drop such mappings so their disk space is freed."""
+
+    def __init__(self, root: str | Path):
+        super().__init__(root, DiskCache(root, 2**62), scan=False)
+
+    def has_body(self, key: str) -> bool:
+        m = self._manifest(key)
+        return m is not None and self._body_complete(key, m)
+
+    def open(self, key: str) -> TokenChunk:
+        m = self._manifest(key)
+        if m is None or not self._body_complete(key, m):
+            raise ChunkMissing(f"token chunk {key} is not in the cache")
+        try:
+            return self._map(key, m)
+        except FileNotFoundError:
+            raise ChunkMissing(f"token chunk {key} was evicted while opening") from None
+
+    def drop(self, key: str, why: str, body_only: bool = False) -> None:
+        """Corrupt files are the owner's to remove; here they are only forgotten (the next
+        open asks the supervisor, which verifies and rebuilds)."""
+        log.warning("token chunk %s: %s (left to the supervisor)", key, why)
+        self._verified.discard(key)
+
+    def put_encoded(self, chunk: EncodedChunk, body: bool = True) -> ChunkIndex:
+        raise StoreCorruptError("a serving worker never writes the token store")
+
+    put_manifest = put_encoded  # type: ignore[assignment]

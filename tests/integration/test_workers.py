@@ -1,0 +1,133 @@
+"""Several serving processes on one port (server.workers): a supervisor owns the cache, the
+workers serve. The same bytes as one process; a worker killed with SIGKILL is replaced while
+the client carries on; no chunk is tokenized twice; the cache stays under its budget; one
+metrics endpoint counts every worker's requests; SIGTERM drains them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support import ServerProcess, job_spec, metric, scrape, write_config
+from tokenfeed.client import Client
+
+STEPS = 24
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix != ".sock")
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("single")
+    cfg = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache")
+    proc = ServerProcess(cfg, tmp / "server.log")
+    assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+    with proc.client("main") as c:
+        expected = [c.get_batch(s).fingerprint for s in range(STEPS)]
+        world4 = [c.get_batch(7, r, 4).fingerprint for r in range(4)]
+    assert proc.stop() == 0, proc.log()
+    return expected, world4
+
+
+def _workers(tmp: Path, corpus: Path, **server) -> ServerProcess:
+    cfg = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache",
+                       metrics_listen="127.0.0.1:0", workers=2, **server)  # fmt: skip
+    proc = ServerProcess(cfg, tmp / "server.log")
+    assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+    return proc
+
+
+def _worker_pids(proc: ServerProcess) -> list[int]:
+    return json.loads(proc.ready.read_text())["workers"]
+
+
+def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
+    expected, world4 = single
+    proc = _workers(tmp_path, corpus)
+    try:
+        pids = _worker_pids(proc)
+        assert len(pids) == 2
+        before = [_cpu_seconds(p) for p in pids]
+        # Separate clients open separate connections, which the kernel spreads over workers.
+        clients = [Client(proc.address, job="main") for _ in range(8)]
+        for c in clients:
+            assert [c.get_batch(s).fingerprint for s in range(STEPS)] == expected
+        assert [clients[0].get_batch(7, r, 4).fingerprint for r in range(4)] == world4
+        streamed = [b.fingerprint for b in clients[1].iter_batches(0, STEPS)]
+        assert streamed == expected
+        after = [_cpu_seconds(p) for p in pids]
+        assert all(a > b for a, b in zip(after, before, strict=True)), "a worker served nothing"
+        for c in clients:
+            c.close()
+        time.sleep(1.5)  # the workers send their counters every second
+        samples = scrape(proc.metrics)
+        served = metric(samples, "tokenfeed_served_tokens_total", job="main")
+        # 8 clients x STEPS x 8 rows + 4 quarter batches + STEPS streamed, 64 tokens a row
+        assert served == (8 * STEPS * 8 + 8 + STEPS * 8) * 64
+        assert metric(samples, "tokenfeed_requests_total", method="GetBatch", code="OK") == (
+            8 * STEPS + 4
+        )
+        # Only the supervisor tokenizes: every document once, whatever the workers read.
+        with clients[0].__class__(proc.address, job="main") as c:
+            docs = int(c.describe()["num_documents"])
+        assert metric(samples, "tokenfeed_tokenized_documents_total", job="main") == docs
+    finally:
+        assert proc.stop() == 0, proc.log()
+    log = proc.log()
+    assert log.count("worker 0 stopped") == 1 and log.count("worker 1 stopped") == 1
+
+
+def test_a_killed_worker_is_replaced_and_the_client_carries_on(tmp_path, corpus, single):
+    expected, _ = single
+    proc = _workers(tmp_path, corpus)
+    try:
+        pids = _worker_pids(proc)
+        with Client(proc.address, job="main") as c:
+            got = [c.get_batch(s).fingerprint for s in range(5)]
+            for pid in pids:  # whichever worker holds this connection dies
+                os.kill(pid, signal.SIGKILL)
+                got.append(c.get_batch(len(got)).fingerprint)
+            got += [b.fingerprint for b in c.iter_batches(len(got), STEPS)]
+        assert got == expected
+        deadline = time.monotonic() + 30
+        while proc.log().count("restarting it") < 2:
+            assert time.monotonic() < deadline, proc.log()
+            time.sleep(0.1)
+        with Client(proc.address, job="main") as c:  # the replacements serve too
+            assert [c.get_batch(s).fingerprint for s in range(3)] == expected[:3]
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_the_cache_stays_under_its_budget_with_two_workers(tmp_path, corpus, single):
+    expected, _ = single
+    budget = 200 * 1024
+    proc = _workers(tmp_path, corpus, cache_bytes=budget)
+    cache = tmp_path / "cache"
+    try:
+        peak = 0
+        with Client(proc.address, job="main") as a, Client(proc.address, job="main") as b:
+            info = a.describe()
+            steps = int(info["steps_per_epoch"]) + 3  # a whole epoch: every chunk is read
+            for s in range(steps):
+                assert a.get_batch(s).fingerprint == b.get_batch(s).fingerprint
+                if s < STEPS:
+                    assert a.get_batch(s).fingerprint == expected[s]
+                peak = max(peak, _disk_bytes(cache))
+        assert peak <= budget, f"{peak} bytes on disk, budget {budget}"
+        samples = scrape(proc.metrics)
+        assert metric(samples, "tokenfeed_cache_evictions_total") > 0  # the budget was needed
+        assert metric(samples, "tokenfeed_cache_bytes") <= budget
+    finally:
+        assert proc.stop() == 0, proc.log()
