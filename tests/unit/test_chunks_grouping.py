@@ -321,6 +321,8 @@ def test_a_group_of_token_row_groups_reads_as_its_parts(tmp_path):
 class SlowStore:
     """A store whose every read is a round trip (object storage, as the group reader sees it)."""
 
+    parallel_reads = 8
+
     def __init__(self, rtt: float):
         self.inner, self.rtt, self.lock = LocalStore(), rtt, threading.Lock()
         self.in_flight = self.most = 0

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import zstandard
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.errors import SourceError, StoreCorruptError
-from tokenfeed.server.storage import LocalStore, ObjectInfo, ObjectStore, Storage
+from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
 from tokenfeed.server.tokstore import DataStart, PartStart, Provenance
 
 REASONS = (
@@ -34,10 +34,6 @@ REASONS = (
 )  # fmt: skip
 _BLOCK = 4 * 2**20
 _TAIL_READ = 64 * 2**10
-# Parts of a group read at once from object storage: each small object is a round trip of its
-# own, so a group of 300 objects of 30 KB costs about 300 / 8 round trips, not 300
-# (bench/smallobjects.py); local files are read one after another.
-PART_READS_IN_FLIGHT = 8
 T = TypeVar("T")
 
 
@@ -217,12 +213,14 @@ def locate_record(
 
 def read_parts(store: ObjectStore, chunk: Chunk, read: Callable[[ObjectStore, Chunk], T]
                ) -> list[T]:  # fmt: skip
-    """`read(store, part)` of each part of a group (or of a simple chunk itself), in order:
-    several at once from object storage, one after another from local files."""
-    parts = chunk.pieces
-    if len(parts) == 1 or isinstance(store, LocalStore):
+    """`read(store, part)` of each part of a group (or of a simple chunk itself), in order.
+    From object storage `store.parallel_reads` parts are read at once: each small object is a
+    round trip of its own, so a group of 300 objects costs about 300 / 8 round trips, not 300
+    (bench/smallobjects.py); local files are read one after another."""
+    parts, in_flight = chunk.pieces, getattr(store, "parallel_reads", 1)
+    if len(parts) == 1 or in_flight <= 1:
         return [read(store, p) for p in parts]
-    pool = ThreadPoolExecutor(min(PART_READS_IN_FLIGHT, len(parts)), "part-read")
+    pool = ThreadPoolExecutor(min(in_flight, len(parts)), "part-read")
     try:
         return list(pool.map(lambda p: read(store, p), parts))
     finally:  # a failed part: the others not started yet are not read

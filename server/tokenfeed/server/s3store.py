@@ -120,6 +120,7 @@ class S3Store:
         )
         self.client = session.client("s3", endpoint_url=spec.endpoint_url, config=config)
         self._pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="s3-get")
+        self.parallel_reads = spec.max_concurrency  # the parts of a group of small objects
         self._random = random.Random()
         self._random_lock = threading.Lock()
 

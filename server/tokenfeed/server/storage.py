@@ -4,7 +4,8 @@
 `s3://` URIs by `S3Store` (s3store.py), whose blocks live in the disk cache (cache.py).
 Every object is identified by its URI and pinned by (size, version) the first time it is listed:
 a later read that sees another size or version raises `SourceChangedError` naming the object,
-so a job never mixes two versions of one object.
+so a job never mixes two versions of one object. A chunk that groups small objects (chunks.py)
+carries each one's listed `ObjectInfo`, so every part is pinned and checked like a lone object.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class ObjectInfo:
 
 
 class ObjectStore(Protocol):
+    # Reads worth having in flight at once, e.g. the parts of a group of small objects: each is
+    # a round trip to object storage (`object_store.max_concurrency`), a page-cache copy locally.
+    parallel_reads: int
+
     def list(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching a glob, sorted by URI."""
         ...
@@ -52,6 +57,8 @@ def _local_path(uri: str) -> str:
 
 class LocalStore:
     """Local files and globs (`**` recurses)."""
+
+    parallel_reads = 1
 
     def list(self, pattern: str) -> list[ObjectInfo]:
         path = _local_path(pattern)
