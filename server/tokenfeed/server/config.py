@@ -144,6 +144,10 @@ class ServerSpec:
     # may use, capped by its cgroup's CPU quota): a supervisor owns the cache and that many
     # workers serve, so every core of a data node serves.
     workers: int = 1
+    # Batches each StreamBatches call builds ahead of the one being sent: enough to keep the
+    # wire busy while the next is built (bench/ serving section), few enough that a reader
+    # that stalls holds little memory (this many batches, plus one in gRPC's hands).
+    stream_ahead: int = 2
 
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -392,6 +396,7 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         tls=_tls(s.get("tls"), base),
         auth=_auth(s.get("auth"), base),
         workers=_workers(s),
+        stream_ahead=s.int("stream_ahead", ServerSpec.stream_ahead, minimum=1),
     )
     s.done()
     return spec

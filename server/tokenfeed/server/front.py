@@ -69,7 +69,8 @@ class Front:
         credentials, interceptors = _security(config)
         options = [*GRPC_OPTIONS[:-1], ("grpc.so_reuseport", int(reuse_port))]
         self.server = grpc.aio.server(options=options, interceptors=interceptors)
-        servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds, io)
+        servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds, io,
+                                     config.server.stream_ahead)  # fmt: skip
         pb_grpc.add_TokenFeedServicer_to_server(servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

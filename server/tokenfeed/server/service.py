@@ -73,9 +73,11 @@ def _unary(method):
 
 
 class TokenFeedServicer(pb_grpc.TokenFeedServicer):
-    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor):
+    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor,
+                 stream_ahead: int = 2):  # fmt: skip
         self.jobs = jobs
         self.max_wait = max_wait_seconds
+        self.stream_ahead = stream_ahead
         self.io = io  # opens, verifies and rebuilds chunks off the event loop
 
     def _job(self, name: str) -> Job:
@@ -101,9 +103,13 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _batch(self, job: Job, step: int, rank: int, world_size: int, context) -> pb.Batch:
+    async def _batch(self, job: Job, step: int, rank: int, world_size: int, context,
+                     training: bool = True) -> pb.Batch:  # fmt: skip
+        """One rank's batch. Only training requests (not Explain) move the job's progress,
+        which prefetch and eviction follow."""
         plan = await job.plan_when_built(step, rank, world_size, self._wait(context))
-        job.note_request(step, rank, world_size)
+        if training:
+            job.note_request(step, rank, world_size)
         with job.pinned(plan):  # its chunks stay in the cache until the batch is built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
             epoch, compact = job.assemble(plan)
@@ -131,13 +137,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     f"end_step {request.end_step} must be after start_step {request.start_step} "
                     "(or 0 to stream until cancelled)"
                 )
-            # Built inline: measured faster than building ahead in threads, whose GIL
-            # contention with the event loop cost more than the overlap gained (bench/).
-            for step in range(request.start_step, end):
-                started = time.perf_counter()
-                batch = await self._batch(job, step, request.rank, ws, context)
-                metrics.REQUEST_SECONDS.labels("StreamBatches").observe(
-                    time.perf_counter() - started)  # fmt: skip
+            async for batch in self._ahead(job, request.start_step, end, request.rank, ws,
+                                           context):  # fmt: skip
                 yield batch
         except asyncio.CancelledError:  # the client went away
             metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
@@ -148,11 +149,41 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         else:
             metrics.REQUESTS.labels("StreamBatches", "OK").inc()
 
+    async def _ahead(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
+        """The stream's batches, each built while the ones before it are sent: at most
+        `stream_ahead` built and waiting (so a reader that stalls holds that many batches,
+        plus the one gRPC is sending and its flow-control window). Each batch is built on
+        the event loop in one stretch, between awaits: other streams wait at most one
+        batch's work (measured faster than threads, whose GIL contention with the loop cost
+        more than the overlap gained: bench/)."""
+        ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
+
+        async def produce() -> None:
+            try:
+                for step in range(start, end):
+                    started = time.perf_counter()
+                    batch = await self._batch(job, step, rank, world_size, context)
+                    metrics.REQUEST_SECONDS.labels("StreamBatches").observe(
+                        time.perf_counter() - started)  # fmt: skip
+                    await ready.put(batch)
+                await ready.put(None)
+            except Exception as exc:  # handed to the sender, which aborts the stream with it
+                await ready.put(exc)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (item := await ready.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            producer.cancel()
+
     @_unary
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        batch = await self._batch(job, request.step, request.rank, ws, context)
+        batch = await self._batch(job, request.step, request.rank, ws, context, training=False)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
         return pb.Explanation(
