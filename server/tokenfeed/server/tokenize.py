@@ -3,12 +3,22 @@
 Encoding goes through `encode_batch_fast` (no offsets: the cheapest exact path), which runs in
 Rust on all cores and releases the GIL, so callers run it in threads off the event loop.
 Documents are encoded without special tokens; the packer adds EOS/BOS itself.
+
+A tokenizer.json is a model's inference setup, and parts of it would change the documents:
+- `truncation` would cut every document to `max_length` tokens and `padding` would pad short
+  ones (to `length`, to a multiple, or to the longest of each encode batch) with pad ids. Both
+  are turned off on load, with one warning naming what was ignored (`ignored_settings`):
+  documents are packed whole. The digest stays that of the file's bytes.
+- The post-processor's template (`[CLS] $A [SEP]`, BOS/EOS around each document) never runs:
+  encoding passes `add_special_tokens=False`. The packer adds EOS after every document, and
+  BOS before it only with `tokenizer.add_bos`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +26,8 @@ import numpy as np
 from tokenfeed.server.config import TokenizerSpec
 from tokenfeed.server.errors import ConfigError
 from tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
 
 # Looked up in this order when the config names no EOS.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]")
@@ -37,7 +49,10 @@ class TextTokenizer:
         except Exception as e:  # tokenizers raises plain Exception on a bad file
             raise ConfigError(f"tokenizer.path: {spec.path} is not a tokenizer.json: {e}") from e
         self.path = spec.path
+        # Of the raw bytes, as loaded: chunk keys carry it, and dropping the settings below
+        # changes nothing the file says.
         self.digest = hashlib.sha256(raw).hexdigest()
+        self.ignored_settings = self._drop_length_settings()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._special(spec.eos_id, spec.eos_token, EOS_CANDIDATES, "eos")
         if spec.add_bos or spec.bos_id is not None or spec.bos_token is not None:
@@ -47,6 +62,23 @@ class TextTokenizer:
         self.add_bos = spec.add_bos
         # Megatron's rule: uint16 while every id fits, else int32.
         self.dtype = np.dtype(np.uint16) if self.vocab_size <= 65535 else np.dtype(np.int32)
+
+    def _drop_length_settings(self) -> tuple[str, ...]:
+        """Turns off the file's truncation and padding; returns what they were, for the log and
+        for callers to show."""
+        ignored = []
+        if (trunc := self._tok.truncation) is not None:
+            ignored.append(f"truncation max_length={trunc['max_length']}")
+            self._tok.no_truncation()
+        if (pad := self._tok.padding) is not None:
+            how = [f"{k}={pad[k]}" for k in ("length", "pad_to_multiple_of") if pad[k] is not None]
+            ignored.append("padding " + (" ".join(how) or "to the longest document of each batch"))
+            self._tok.no_padding()
+        if ignored:
+            log.warning("%s: tokenizer.json sets %s; tokenfeed ignores %s: documents are packed "
+                        "whole, never cut or padded", self.path, " and ".join(ignored),
+                        "both" if len(ignored) == 2 else "it")  # fmt: skip
+        return tuple(ignored)
 
     def _special(self, given: int | None, token: str | None, guesses: tuple[str, ...], kind: str):
         if given is not None:
