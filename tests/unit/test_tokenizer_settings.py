@@ -94,6 +94,10 @@ def test_documents_are_encoded_whole_without_pad_or_specials(wordpiece, caplog):
 def test_the_digest_is_of_the_file_as_shipped(wordpiece):
     tok = TextTokenizer(TokenizerSpec(path=str(wordpiece)))
     assert tok.digest == hashlib.sha256(wordpiece.read_bytes()).hexdigest()
+    # Chunk keys name it apart from the same file's earlier (cut or padded) chunks.
+    assert tok.chunk_digest == tok.digest + ":whole"
+    plain = TextTokenizer(TokenizerSpec(path=str(TOKENIZER)))
+    assert plain.chunk_digest == plain.digest  # no setting ignored: keys as before
 
 
 def test_batch_longest_padding_to_a_multiple_is_ignored_too(tmp_path, caplog):

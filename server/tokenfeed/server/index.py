@@ -269,7 +269,7 @@ class DatasetIndex:
 
     def adopt(self, chunks: list[Chunk]) -> None:
         """Take a planned chunk list (from `_plan`, or from the process that planned it)."""
-        self.keys = ChunkKeys([c.key(self.tokenizer.digest) for c in chunks])
+        self.keys = ChunkKeys([c.key(self.tokenizer.chunk_digest) for c in chunks])
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
         self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
@@ -292,7 +292,7 @@ class DatasetIndex:
         for c in pieces:  # a Megatron .idx's .bin
             if c.companion is not None:
                 sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
-        return {"chunk_format": CHUNK_FORMAT_VERSION, "tokenizer_blake2b": self.tokenizer.digest,
+        return {"chunk_format": CHUNK_FORMAT_VERSION, "tokenizer_blake2b": self.tokenizer.chunk_digest,
                 "chunk_bytes": self.dataset.chunk_bytes,
                 "sources": [sources[u] for u in sorted(sources)]}  # fmt: skip
 

@@ -80,6 +80,13 @@ class TextTokenizer:
                         "both" if len(ignored) == 2 else "it")  # fmt: skip
         return tuple(ignored)
 
+    @property
+    def chunk_digest(self) -> str:
+        """What chunk keys name the tokenizer by: the file's digest, marked when truncation or
+        padding settings were switched off, so chunks an earlier version cut or padded with
+        the same file are never taken for whole ones."""
+        return self.digest + (":whole" if self.ignored_settings else "")
+
     def _special(self, given: int | None, token: str | None, guesses: tuple[str, ...], kind: str):
         if given is not None:
             if given >= self.vocab_size:
