@@ -43,13 +43,15 @@ class ServerProcess:
         self.log_path = workdir / f"{name}.log"
         self.address = ""
         self._proc: subprocess.Popen | None = None
+        self.env: dict | None = None  # the child's environment (None: this process's)
 
     def start(self, timeout: float) -> str:
         """Launch the server and return its address once the ready file appears."""
         self.ready_file.unlink(missing_ok=True)
         with open(self.log_path, "wb") as log:
             argv = [*self.argv, "--ready-file", str(self.ready_file)]
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                          env=self.env)  # fmt: skip
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self._proc.poll() is not None:

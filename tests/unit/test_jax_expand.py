@@ -40,11 +40,10 @@ def cases() -> list:
     stream = packing.concat_stream(offsets, lens, np.arange(len(lens)), True)
     rows, seq_len = np.array([0, 1, 3, 5, 6]), 8
     ids = np.empty((len(rows), seq_len + 1), dtype=np.int32)
-    starts = np.zeros(ids.shape, dtype=bool)
     lo = rows * seq_len
-    packing.fill_concat(stream, tokens, lo, lo + seq_len + 1, np.arange(len(rows)) * (seq_len + 1),
-                        1, 2, ids.reshape(-1), starts.reshape(-1))  # fmt: skip
-    concat = compact_from_starts(ids.astype("<u2"), starts)
+    at = np.arange(len(rows)) * (seq_len + 1)
+    found = packing.fill_concat(stream, tokens, lo, lo + seq_len + 1, at, 1, 2, ids.reshape(-1))
+    concat = compact_from_starts(ids.astype("<u2"), packing.starts_mask(found, ids.shape))
     layout = bestfit.bestfit_layout(lens, seq_len, False)
     tensors = bestfit.bestfit_rows_at(layout, offsets, tokens, np.arange(layout.rows), seq_len,
                                       1, 2, 2)  # fmt: skip

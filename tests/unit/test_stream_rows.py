@@ -63,7 +63,7 @@ class Corpus:
             len(served), self.seq_len, [(0, np.arange(len(served)), pieces)], self.stream,
             lambda _d, c: self.chunks[c][0], BOS, EOS,
         )  # fmt: skip
-        return packing.concat_tensors(ids, starts, self.seq_len)
+        return packing.concat_tensors(ids, packing.starts_mask(starts, ids.shape), self.seq_len)
 
     # -- the reference ----------------------------------------------------------------
     def epoch_stream(self, epoch: int) -> tuple[list[int], list[bool]]:

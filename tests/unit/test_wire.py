@@ -22,6 +22,7 @@ from tokenfeed.client.wire import (
     TENSOR_NAMES,
     WIRE_VERSION,
     WireError,
+    compact_from_flat_starts,
     compact_from_starts,
     compact_from_tensors,
     decode,
@@ -48,13 +49,18 @@ def concat_case(lengths, seq_len, rows, add_bos, dtype):
     stream = packing.concat_stream(offsets, lens, np.arange(len(lens)), add_bos)
     k = len(rows)
     ids = np.empty((k, seq_len + 1), dtype=np.int32)
-    starts = np.zeros((k, seq_len + 1), dtype=bool)
     lo = np.asarray(rows, dtype=np.int64) * seq_len
-    packing.fill_concat(stream, tokens, lo, lo + seq_len + 1,
-                        np.arange(k, dtype=np.int64) * (seq_len + 1), BOS, EOS,
-                        ids.reshape(-1), starts.reshape(-1))  # fmt: skip
-    return packing.concat_tensors(ids, starts, seq_len), compact_from_starts(ids.astype(dtype),
-                                                                             starts)  # fmt: skip
+    found = packing.fill_concat(stream, tokens, lo, lo + seq_len + 1,
+                                np.arange(k, dtype=np.int64) * (seq_len + 1), BOS, EOS,
+                                ids.reshape(-1))  # fmt: skip
+    starts = packing.starts_mask(found, ids.shape)
+    tensors = packing.concat_tensors(ids, starts, seq_len)
+    compact = compact_from_starts(ids.astype(dtype), starts)
+    # The server's path (flat starts, sorted) gives the same compact form.
+    flat = compact_from_flat_starts(ids.astype(dtype), np.sort(found))
+    assert np.array_equal(flat.starts, compact.starts)
+    assert np.array_equal(flat.row_splits, compact.row_splits)
+    return tensors, compact
 
 
 def check_expands_to(c, tensors):

@@ -77,6 +77,16 @@ def compact_from_starts(tokens: np.ndarray, starts: np.ndarray,
     return Compact(tokens, (cols + 1).astype(position_dtype(seq_len)), splits, pad)
 
 
+def compact_from_flat_starts(tokens: np.ndarray, starts: np.ndarray) -> Compact:
+    """From token ids [rows, seq_len + 1] and the sorted flat indices of document starts
+    (column 0 and the last column are ignored, as in `compact_from_starts`)."""
+    rows, width = tokens.shape
+    col = starts % width
+    starts = starts[(col > 0) & (col < width - 1)]
+    splits = np.searchsorted(starts, np.arange(rows + 1) * width).astype(np.int32)
+    return Compact(tokens, (starts % width).astype(position_dtype(width - 1)), splits, None)
+
+
 def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> Compact:
     """From the five int32 tensors (the inverse of `expand`): tokens are the inputs plus the
     last label, starts are where `position_ids` is 0 among the row's tokens, padding is what

@@ -477,8 +477,9 @@ class Job:
         ids, starts = packing.assemble_concat(
             plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
             self._stream, lambda d, c: self._chunk(d, c).tokens, t.bos_id, t.eos_id,
+            self.wire_dtype,
         )  # fmt: skip
-        return first_epoch, wire.compact_from_starts(ids.astype(self.wire_dtype), starts)
+        return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
     @property
     def wire_dtype(self) -> np.dtype:

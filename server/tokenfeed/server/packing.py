@@ -63,57 +63,61 @@ def concat_stream(
     return ChunkStream(np.asarray(doc_offsets, dtype=np.int64)[order], seg_starts, bos, order)
 
 
-def _segment_of(seg_starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray,
-                m: int) -> np.ndarray:  # fmt: skip
-    """Segment index of every position of the pieces [lo[i], hi[i]) laid end to end (piece i
-    from `first[i]`): two binary searches per piece and a running count of the segment starts
-    inside it, much cheaper than a binary search per position (bench/)."""
-    s_first = np.searchsorted(seg_starts, lo, side="right") - 1
-    s_last = np.searchsorted(seg_starts, hi - 1, side="right") - 1
-    steps = np.zeros(m, dtype=np.int64)
-    steps[first] = s_first - np.concatenate(([0], s_last[:-1]))
-    inner = s_last - s_first  # segments that start strictly inside each piece
-    k = int(inner.sum())
-    if k:
-        skip = np.repeat(np.cumsum(inner) - inner, inner)
-        idx = np.arange(k) - skip + np.repeat(s_first + 1, inner)
-        steps[seg_starts[idx] - np.repeat(lo - first, inner)] += 1
-    return np.cumsum(steps)
-
-
 def fill_concat(
     stream: ChunkStream, tokens: np.ndarray, lo: np.ndarray, hi: np.ndarray, at: np.ndarray,
-    bos_id: int, eos_id: int, ids: np.ndarray, starts: np.ndarray,
-) -> None:  # fmt: skip
-    """Write stream positions [lo[i], hi[i]) of one chunk into the flat arrays `ids` (token
-    ids) and `starts` (True where a document's segment begins) from flat index at[i].
-    Vectorised over all the pieces at once."""
+    bos_id: int, eos_id: int, ids: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Write stream positions [lo[i], hi[i]) of one chunk into the flat array `ids` from flat
+    index at[i]; return the flat indices where a document's segment begins.
+
+    Vectorised at the granularity of (piece, segment) pairs: one gather of the chunk's tokens
+    for all the pieces, one slice copy per piece, and small index arrays for EOS, BOS and the
+    starts. Measured about 5x faster than per-position segment bookkeeping at [32, 4096]
+    (bench/, wire section)."""
     keep = hi > lo
     lo, hi, at = lo[keep], hi[keep], at[keep]
-    lens = hi - lo
-    m = int(lens.sum())
-    if not m:
-        return
+    if not lo.size:
+        return np.zeros(0, dtype=np.int64)
     if int(hi.max()) > stream.total or int(lo.min()) < 0:
         raise IndexError(f"pieces reach outside the stream of {stream.total} tokens")
-    first = np.cumsum(lens) - lens
-    pos = np.arange(m, dtype=np.int64) + np.repeat(lo - first, lens)
-    dest = np.arange(m, dtype=np.int64) + np.repeat(at - first, lens)
-    seg = _segment_of(stream.seg_starts, lo, hi, first, m)
-    seg_start = stream.seg_starts[seg]
+    seg_starts = stream.seg_starts
+    first = np.searchsorted(seg_starts, lo, side="right") - 1
+    count = np.searchsorted(seg_starts, hi - 1, side="right") - first  # segments per piece
+    pair_piece = np.repeat(np.arange(len(lo)), count)
+    seg = first[pair_piece] + (np.arange(len(pair_piece)) - np.repeat(np.cumsum(count) - count,
+                                                                      count))  # fmt: skip
+    seg_lo, seg_hi = seg_starts[seg], seg_starts[seg + 1]
+    a = np.maximum(lo[pair_piece], seg_lo)  # the pair's stream range [a, b)
+    b = np.minimum(hi[pair_piece], seg_hi)
+    dest = at[pair_piece] + (a - lo[pair_piece])
+    # One gather: position p of a segment reads doc_start + (p - seg_lo - bos); the EOS and
+    # BOS slots read a clipped neighbour and are overwritten below.
+    lens = b - a
+    m = int(lens.sum())
+    offset = stream.doc_starts[seg] - seg_lo - stream.bos + a
+    src = np.arange(m, dtype=np.int64) + np.repeat(offset - (np.cumsum(lens) - lens), lens)
     if tokens.size:
-        # Body positions read the document's tokens; EOS (and BOS) positions are overwritten
-        # below, so their out-of-document reads are merely clipped into range.
-        vals = np.take(tokens, stream.doc_starts[seg] + (pos - seg_start - stream.bos),
-                       mode="clip").astype(np.int32)  # fmt: skip
+        vals = np.take(tokens, src, mode="clip")
     else:  # every document is empty: the stream is all EOS (and BOS)
-        vals = np.full(m, eos_id, dtype=np.int32)
-    vals[pos == stream.seg_starts[seg + 1] - 1] = eos_id
-    is_start = pos == seg_start
+        vals = np.full(m, eos_id, dtype=ids.dtype)
+    piece_len = hi - lo
+    done = 0
+    for start, n in zip(at.tolist(), piece_len.tolist(), strict=True):  # one copy per piece
+        ids[start : start + n] = vals[done : done + n]
+        done += n
+    eos = (seg_hi - 1 >= a) & (seg_hi - 1 < b)
+    ids[dest[eos] + (seg_hi - 1 - a)[eos]] = eos_id
+    begins = seg_lo >= a  # the segment starts inside this piece
     if stream.bos:
-        vals[is_start] = bos_id
-    ids[dest] = vals
-    starts[dest] = is_start
+        ids[dest[begins]] = bos_id
+    return dest[begins]
+
+
+def starts_mask(starts: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """The boolean [rows, seq_len + 1] mask of flat document-start indices."""
+    mask = np.zeros(shape[0] * shape[1], dtype=bool)
+    mask[starts] = True
+    return mask.reshape(shape)
 
 
 def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
@@ -134,26 +138,28 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
 def assemble_concat(
     rows: int, seq_len: int, parts: list[tuple[Any, np.ndarray, Any]],
     stream: Callable[[Any, int, int], ChunkStream], tokens: Callable[[Any, int], np.ndarray],
-    bos_id: int, eos_id: int,
+    bos_id: int, eos_id: int, dtype: np.dtype | type = np.int32,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Token ids [rows, seq_len + 1] (int32) and document starts (bool, same shape) of `rows`
-    rows made of pieces of chunk streams (`concat_tensors` expands them). `parts` holds (dataset,
-    slots, pieces) triples: order.Pieces whose `row` indexes `slots`, the rows' places in the
-    batch; `stream(dataset, epoch, chunk)` and `tokens(dataset, chunk)` give a chunk's stream
-    in that epoch and its stored tokens."""
-    ids = np.empty((rows, seq_len + 1), dtype=np.int32)
-    starts = np.zeros((rows, seq_len + 1), dtype=bool)
-    flat_ids, flat_starts = ids.reshape(-1), starts.reshape(-1)
+    """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
+    and the sorted flat indices of document starts of `rows` rows made of pieces of chunk
+    streams. `parts` holds (dataset, slots, pieces) triples: order.Pieces whose `row` indexes
+    `slots`, the rows' places in the batch; `stream(dataset, epoch, chunk)` and
+    `tokens(dataset, chunk)` give a chunk's stream in that epoch and its stored tokens."""
+    ids = np.empty((rows, seq_len + 1), dtype=dtype)
+    flat = ids.reshape(-1)
+    found = []
     for dataset, slots, pc in parts:
         if not pc.chunk.size:
             continue
         at = slots[pc.row] * (seq_len + 1) + pc.at
         groups = pc.epoch * (int(pc.chunk.max()) + 1) + pc.chunk
-        for g in np.unique(groups):  # one vectorised fill per (epoch, chunk)
-            sel = np.nonzero(groups == g)[0]
+        order = np.argsort(groups, kind="stable")
+        bounds = np.flatnonzero(np.diff(groups[order])) + 1
+        for sel in np.split(order, bounds):  # one vectorised fill per (epoch, chunk)
             e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
-            fill_concat(stream(dataset, e, c), tokens(dataset, c), pc.lo[sel], pc.hi[sel],
-                        at[sel], bos_id, eos_id, flat_ids, flat_starts)  # fmt: skip
+            found.append(fill_concat(stream(dataset, e, c), tokens(dataset, c), pc.lo[sel],
+                                     pc.hi[sel], at[sel], bos_id, eos_id, flat))  # fmt: skip
+    starts = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     return ids, starts
 
 
@@ -187,8 +193,7 @@ def concat_rows_at(
     starts = np.asarray(rows, dtype=np.int64) * seq_len
     k = len(starts)
     ids = np.empty((k, seq_len + 1), dtype=np.int32)
-    first = np.zeros((k, seq_len + 1), dtype=bool)
     at = np.arange(k, dtype=np.int64) * (seq_len + 1)
-    fill_concat(stream, tokens, starts, starts + seq_len + 1, at, bos_id, eos_id,
-                ids.reshape(-1), first.reshape(-1))  # fmt: skip
-    return concat_tensors(ids, first, seq_len)
+    found = fill_concat(stream, tokens, starts, starts + seq_len + 1, at, bos_id, eos_id,
+                        ids.reshape(-1))  # fmt: skip
+    return concat_tensors(ids, starts_mask(found, ids.shape), seq_len)
