@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from s3env import s3_client
 from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_config, write_jsonl
+from tokenfeed.client import wire
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs
 from tokenfeed.server.errors import NotBuiltError
@@ -73,7 +74,8 @@ def test_each_step_is_served_once_its_windows_are_built_and_equals_the_full_buil
                 assert "rows are built so far" in str(e) and e.retry_after >= 1.0
                 assert s not in first_served, "a step once served stays servable"
                 continue
-            got = partial.assemble(plan)[1]
+            compact = partial.assemble(plan)[1]
+            got = {name: wire.expand(compact, name) for name in wire.TENSOR_NAMES}
             for k in expected[s]:
                 np.testing.assert_array_equal(got[k], expected[s][k], err_msg=f"step {s} {k}")
             first_served.setdefault(s, built)

@@ -61,7 +61,8 @@ class Corpus:
                                     self.layout)  # fmt: skip
         ids, starts = packing.assemble_concat(
             len(served), self.seq_len, [(0, np.arange(len(served)), pieces)], self.stream,
-            lambda _d, c: self.chunks[c][0], BOS, EOS,
+            lambda d, e, c: packing.materialise(self.stream(d, e, c), self.chunks[c][0], BOS,
+                                                EOS),
         )  # fmt: skip
         return packing.concat_tensors(ids, packing.starts_mask(starts, ids.shape), self.seq_len)
 

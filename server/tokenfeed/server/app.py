@@ -34,7 +34,9 @@ def build_jobs(config: Config) -> dict[str, Job]:
     storage = Storage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    jobs = {spec.name: Job(spec, store, storage, shared) for spec in config.jobs}
+    jobs = {spec.name: Job(spec, store, storage, shared,
+                           stream_cache_bytes=config.server.stream_cache_bytes)
+            for spec in config.jobs}  # fmt: skip
     cache.set_policy(FutureUse(list(jobs.values())))
     return jobs
 

@@ -148,6 +148,9 @@ class ServerSpec:
     # wire busy while the next is built (bench/ serving section), few enough that a reader
     # that stalls holds little memory (this many batches, plus one in gRPC's hands).
     stream_ahead: int = 2
+    # Memory for chunks' concat streams laid out in each epoch's order (per process): a row is
+    # then a slice copy. It should hold a window of chunks and the next window's first.
+    stream_cache_bytes: int = 512 * 2**20
 
 
 ADDRESSING_STYLES = ("auto", "path", "virtual")
@@ -397,6 +400,8 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         auth=_auth(s.get("auth"), base),
         workers=_workers(s),
         stream_ahead=s.int("stream_ahead", ServerSpec.stream_ahead, minimum=1),
+        stream_cache_bytes=parse_size(s.get("stream_cache_bytes", ServerSpec.stream_cache_bytes),
+                                      s.path("stream_cache_bytes")),
     )
     s.done()
     return spec

@@ -292,7 +292,8 @@ class DatasetIndex:
         for c in pieces:  # a Megatron .idx's .bin
             if c.companion is not None:
                 sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
-        return {"chunk_format": CHUNK_FORMAT_VERSION, "tokenizer_blake2b": self.tokenizer.chunk_digest,
+        return {"chunk_format": CHUNK_FORMAT_VERSION,
+                "tokenizer_blake2b": self.tokenizer.chunk_digest,
                 "chunk_bytes": self.dataset.chunk_bytes,
                 "sources": [sources[u] for u in sorted(sources)]}  # fmt: skip
 

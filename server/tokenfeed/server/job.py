@@ -39,7 +39,7 @@ from tokenfeed.server.errors import (
 from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
 from tokenfeed.server.mixture import Phase, Schedule
 from tokenfeed.server.progress import Progress
-from tokenfeed.server.readers import line_number
+from tokenfeed.server.readers import locate_record
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokenize import TextTokenizer
@@ -55,9 +55,12 @@ class _LRU:
     """A small thread-safe LRU; `make` runs outside the lock (two threads may both make a
     value on a miss: every value here is a pure function of its key, so either is right)."""
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    def __init__(self, capacity: int, budget_bytes: int = 0):
+        """`capacity` items; with `budget_bytes`, also at most that many bytes of values
+        (numpy arrays: their nbytes), always keeping the newest."""
+        self.capacity, self.budget = capacity, budget_bytes
         self._items: OrderedDict = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def contains(self, key) -> bool:
@@ -70,7 +73,10 @@ class _LRU:
 
     def discard(self, key) -> None:
         with self._lock:
-            self._items.pop(key, None)
+            self._bytes -= self._size(self._items.pop(key, None))
+
+    def _size(self, value) -> int:
+        return int(getattr(value, "nbytes", 0)) if self.budget else 0
 
     def get_or_make(self, key, make: Callable):
         with self._lock:
@@ -79,9 +85,12 @@ class _LRU:
                 return self._items[key]
         value = make()
         with self._lock:
-            self._items[key] = value
-            if len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            if key not in self._items:
+                self._items[key] = value
+                self._bytes += self._size(value)
+            while len(self._items) > 1 and (len(self._items) > self.capacity or
+                                            self.budget and self._bytes > self.budget):  # fmt: skip
+                self._bytes -= self._size(self._items.popitem(last=False)[1])
         return value
 
 
@@ -104,8 +113,8 @@ class Plan(NamedTuple):
 
 class Job:
     def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None,
-                 shared: SharedStore | None = None,
-                 supervisor: SupervisorLink | None = None):  # fmt: skip
+                 shared: SharedStore | None = None, supervisor: SupervisorLink | None = None,
+                 stream_cache_bytes: int = 512 * 2**20):  # fmt: skip
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage = storage = storage or Storage()
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
@@ -119,6 +128,10 @@ class Job:
         self._streams = _LRU(512)
         self._windows = _LRU(16 * len(self.indexes))
         self._open = _LRU(256)
+        # Concat streams materialised per (dataset, epoch, chunk): a row is then one slice copy
+        # per chunk it touches (bench/, wire section: [32, 4096] batches at about 3x the rate of
+        # gathering token by token), for this much memory.
+        self._materialised = _LRU(4096, stream_cache_bytes)
         self._fingerprint = ""
         self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
         self.progress = Progress()
@@ -445,13 +458,18 @@ class Job:
 
     async def open_chunks(self, plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
-        needed = {(d, c) for d, _, c in self.plan_chunks(plan)}
-        missing = [key for key in needed if not self._open.contains(key)]
+        needed = self.plan_chunks(plan)
+        if self.spec.packing == "concat":  # opened and laid out in the epoch's order
+            missing = [key for key in needed if not self._materialised.contains(key)]
+            make = self._stream_ids
+        else:
+            missing = list({(d, c) for d, _, c in needed if not self._open.contains((d, c))})
+            make = self._chunk
         if missing:
             loop = asyncio.get_running_loop()
             try:
-                await asyncio.gather(*(loop.run_in_executor(executor, self._chunk, d, c)
-                                       for d, c in missing))  # fmt: skip
+                await asyncio.gather(*(loop.run_in_executor(executor, make, *key)
+                                       for key in missing))  # fmt: skip
             except (SourceError, BadRecordError) as e:
                 self.fail(str(e))
                 raise JobFailedError(str(e)) from e
@@ -465,7 +483,7 @@ class Job:
     def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
         """(epoch of the first row, the compact batch) of a plan: token ids in the wire's
         dtype and document starts (docs/batch-format.md)."""
-        seq_len, t = self.spec.seq_len, self.tokenizer
+        seq_len = self.spec.seq_len
         first_epoch = 0
         for part in plan.parts:
             hit = np.nonzero(part.slots == 0)[0]
@@ -476,8 +494,7 @@ class Job:
                                                           self.wire_dtype)  # fmt: skip
         ids, starts = packing.assemble_concat(
             plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
-            self._stream, lambda d, c: self._chunk(d, c).tokens, t.bos_id, t.eos_id,
-            self.wire_dtype,
+            self._stream, self._stream_ids, self.wire_dtype,
         )  # fmt: skip
         return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
@@ -518,13 +535,12 @@ class Job:
             for i in np.argsort(pc.row * (self.spec.seq_len + 1) + pc.at, kind="stable"):
                 r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
                 self._chunk(d, c)  # its body (and provenance) in the cache
-                record_ids, data_start = self.store.provenance(idx.keys[c])
+                provenance = self.store.provenance(idx.keys[c])
                 pieces = self._pieces(d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
-                rows[int(part.slots[r])]["pieces"] += [
-                    (idx.chunks[c].source.uri,
-                     self._locate_record(idx, c, data_start, record_ids[doc]), ts, te, rs, re)
-                    for doc, ts, te, rs, re in pieces
-                ]  # fmt: skip
+                for doc, ts, te, rs, re in pieces:
+                    uri, where = locate_record(idx.storage, idx.chunks[c], provenance,
+                                               int(provenance.record_ids[doc]))  # fmt: skip
+                    rows[int(part.slots[r])]["pieces"].append((uri, where, ts, te, rs, re))
         return rows
 
     def _pieces(self, d: int, epoch: int, c: int, lo: int, hi: int, at: int
@@ -546,16 +562,6 @@ class Job:
             if ra < rb:
                 out.append((doc, a - bos, a - bos + rb - ra, ra, rb))
         return out
-
-    @staticmethod
-    def _locate_record(idx: DatasetIndex, c: int, data_start: int, record: int) -> str:
-        chunk = idx.chunks[c]
-        if chunk.kind in ("parquet", "parquet-tokens"):
-            return f"row {chunk.start + record}"
-        if chunk.kind == "megatron":  # one document per sequence, counted from 0 like Megatron
-            return f"document {chunk.start + record}"
-        store = idx.storage.for_uri(chunk.source.uri)
-        return f"line {line_number(store, chunk, data_start, record)}"
 
     def _layout(self, d: int, epoch: int) -> order.EpochLayout:
         """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over
@@ -619,6 +625,16 @@ class Job:
                                          self.tokenizer.add_bos)  # fmt: skip
 
         return self._streams.get_or_make((d, epoch, c), make)
+
+    def _stream_ids(self, d: int, epoch: int, c: int) -> np.ndarray:
+        """Chunk c's concat stream in `epoch`, token by token, in the wire's dtype."""
+
+        def make() -> np.ndarray:
+            t = self.tokenizer
+            return packing.materialise(self._stream(d, epoch, c), self._chunk(d, c).tokens,
+                                       t.bos_id, t.eos_id, self.wire_dtype)  # fmt: skip
+
+        return self._materialised.get_or_make((d, epoch, c), make)
 
     def _bestfit(self, d: int, c: int) -> bestfit.BestFitLayout:
         # best-fit rows do not depend on the epoch's document order (the rows are permuted)

@@ -135,16 +135,39 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
     }
 
 
+def materialise(stream: ChunkStream, tokens: np.ndarray, bos_id: int, eos_id: int,
+                dtype: np.dtype | type = np.int32) -> np.ndarray:  # fmt: skip
+    """A chunk's whole concat stream as one array (its documents in the stream's order, with
+    BOS and EOS): a row's tokens are then plain slices of it."""
+    out = np.empty(stream.total, dtype=dtype)
+    zero = np.zeros(1, dtype=np.int64)
+    fill_concat(stream, tokens, zero, np.array([stream.total]), zero, bos_id, eos_id, out)
+    return out
+
+
+def copy_pieces(stream: ChunkStream, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                at: np.ndarray, out: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Copy stream positions [lo[i], hi[i]) of a materialised stream `ids` to the flat `out`
+    from at[i]; return the flat indices where a document's segment begins."""
+    for a, b, d in zip(lo.tolist(), hi.tolist(), at.tolist(), strict=True):
+        out[d : d + b - a] = ids[a:b]
+    first = np.searchsorted(stream.seg_starts, lo, side="left")
+    count = np.searchsorted(stream.seg_starts, hi, side="left") - first
+    total = int(count.sum())
+    idx = np.arange(total) + np.repeat(first - (np.cumsum(count) - count), count)
+    return stream.seg_starts[idx] + np.repeat(at - lo, count)
+
+
 def assemble_concat(
     rows: int, seq_len: int, parts: list[tuple[Any, np.ndarray, Any]],
-    stream: Callable[[Any, int, int], ChunkStream], tokens: Callable[[Any, int], np.ndarray],
-    bos_id: int, eos_id: int, dtype: np.dtype | type = np.int32,
+    stream: Callable[[Any, int, int], ChunkStream],
+    stream_ids: Callable[[Any, int, int], np.ndarray], dtype: np.dtype | type = np.int32,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
     and the sorted flat indices of document starts of `rows` rows made of pieces of chunk
     streams. `parts` holds (dataset, slots, pieces) triples: order.Pieces whose `row` indexes
-    `slots`, the rows' places in the batch; `stream(dataset, epoch, chunk)` and
-    `tokens(dataset, chunk)` give a chunk's stream in that epoch and its stored tokens."""
+    `slots`, the rows' places in the batch; `stream(dataset, epoch, chunk)` gives a chunk's
+    stream in that epoch and `stream_ids(dataset, epoch, chunk)` the same, materialised."""
     ids = np.empty((rows, seq_len + 1), dtype=dtype)
     flat = ids.reshape(-1)
     found = []
@@ -155,10 +178,10 @@ def assemble_concat(
         groups = pc.epoch * (int(pc.chunk.max()) + 1) + pc.chunk
         order = np.argsort(groups, kind="stable")
         bounds = np.flatnonzero(np.diff(groups[order])) + 1
-        for sel in np.split(order, bounds):  # one vectorised fill per (epoch, chunk)
+        for sel in np.split(order, bounds):  # one call per (epoch, chunk)
             e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
-            found.append(fill_concat(stream(dataset, e, c), tokens(dataset, c), pc.lo[sel],
-                                     pc.hi[sel], at[sel], bos_id, eos_id, flat))  # fmt: skip
+            found.append(copy_pieces(stream(dataset, e, c), stream_ids(dataset, e, c),
+                                     pc.lo[sel], pc.hi[sel], at[sel], flat))  # fmt: skip
     starts = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     return ids, starts
 

@@ -255,7 +255,8 @@ async def _worker(config: Config, index: int, listen: str, health_listen: str,
     parent = os.getppid()
     store = StoreView(config.server.cache_dir)
     storage = Storage(config.object_store)  # explain's reads only: no block cache here
-    jobs = {spec.name: Job(spec, store, storage, None, link) for spec in config.jobs}
+    jobs = {spec.name: Job(spec, store, storage, None, link,
+                           config.server.stream_cache_bytes) for spec in config.jobs}  # fmt: skip
     io = ThreadPoolExecutor(4, thread_name_prefix="chunk-io")
     front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True)
     await front.start()
