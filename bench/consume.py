@@ -1,13 +1,14 @@
 """A consumer process for the wire benchmarks: streams or fetches steps and reports a rate.
 
     python -m bench.consume --target ADDR --job JOB --steps N [--mode stream|unary|raw]
-                            [--rank R --world W] [--start S]
+                            [--rank R --world W] [--start S] [--wrap E]
 
 Prints one JSON line: {"tokens", "seconds", "batches"}. `raw` reads the stream with a bare gRPC
 stub and touches only the message's token bytes (the wire's own cost); the other modes use the
 real client (decode, fingerprint check, `input_ids` and `labels` as int32 arrays), as a trainer
-does. Run as a separate process so the consumer never shares a GIL with the server or another
-consumer.
+does. `--wrap E` reads steps start .. start + E - 1 over and over (E: the steps of one epoch),
+so a small corpus measures warm serving, as a corpus of production size would. Run as a
+separate process so the consumer never shares a GIL with the server or another consumer.
 """
 
 from __future__ import annotations
@@ -24,27 +25,40 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 OPTIONS = [("grpc.max_receive_message_length", 1 << 30)]
 
 
+def spans(start: int, steps: int, wrap: int) -> list[tuple[int, int]]:
+    """[start, end) ranges covering `steps` steps, none longer than `wrap` (0: no limit)."""
+    out, left = [], steps
+    while left > 0:
+        n = min(left, wrap) if wrap else left
+        out.append((start, start + n))
+        left -= n
+    return out
+
+
 def consume(target: str, job: str, start: int, steps: int, mode: str, rank: int,
-            world: int) -> dict:  # fmt: skip
+            world: int, wrap: int = 0) -> dict:  # fmt: skip
     tokens = batches = 0
     if mode == "raw":
         with grpc.insecure_channel(target, options=OPTIONS) as channel:
             stub = pb_grpc.TokenFeedStub(channel)
-            request = pb.StreamBatchesRequest(job=job, start_step=start, end_step=start + steps,
-                                              rank=rank, world_size=world)  # fmt: skip
             began = time.perf_counter()
-            for msg in stub.StreamBatches(request):
-                tokens += msg.rows * msg.seq_len
-                batches += 1
+            for a, b in spans(start, steps, wrap):
+                request = pb.StreamBatchesRequest(job=job, start_step=a, end_step=b, rank=rank,
+                                                  world_size=world)  # fmt: skip
+                for msg in stub.StreamBatches(request):
+                    tokens += msg.rows * msg.seq_len
+                    batches += 1
             seconds = time.perf_counter() - began
         return {"tokens": tokens, "seconds": seconds, "batches": batches}
     with Client(target, job=job) as client:
         client.get_batch(start, rank, world)  # connected and warm before the clock starts
         began = time.perf_counter()
         if mode == "stream":
-            batch_iter = client.iter_batches(start, start + steps, rank, world)
+            batch_iter = (batch for a, b in spans(start, steps, wrap)
+                          for batch in client.iter_batches(a, b, rank, world))  # fmt: skip
         else:
-            batch_iter = (client.get_batch(s, rank, world) for s in range(start, start + steps))
+            batch_iter = (client.get_batch(s, rank, world) for a, b in spans(start, steps, wrap)
+                          for s in range(a, b))  # fmt: skip
         for batch in batch_iter:
             ids, labels = batch["input_ids"], batch["labels"]  # what every trainer reads
             tokens += ids.size
@@ -63,8 +77,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=("stream", "unary", "raw"), default="stream")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--wrap", type=int, default=0)
     a = parser.parse_args()
-    print(json.dumps(consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world)))
+    print(json.dumps(consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world,
+                             a.wrap)))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ aggregate rate of 1 and 2 serving workers with 2 consumer processes.
   tokens; `--before REV` also runs the server and client of an earlier commit (a git worktree
   under bench/out) on the same corpus, for the before/after pair;
 - workers: `server.workers` 1 and 2, two consumer processes streaming different ranks.
+Streams read the first epoch's steps over and over (warm serving: the demo corpus is small,
+and a corpus of production size turns epochs rarely).
 Every consumer is its own process (bench/consume.py), so no GIL is shared with a server.
 """
 
@@ -90,11 +92,12 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def consumers(target: str, job: str, steps: int, count: int = 1, env: dict | None = None,
-              mode: str = "stream") -> list[dict]:  # fmt: skip
-    """`count` consumer processes, each streaming `steps` steps of its own rank."""
+              mode: str = "stream", wrap: int = 0) -> list[dict]:  # fmt: skip
+    """`count` consumer processes, each streaming `steps` steps of its own rank (within the
+    first `wrap` steps, over and over: warm serving on a small corpus)."""
     procs = [subprocess.Popen([sys.executable, "-m", "bench.consume", "--target", target,
                                "--job", job, "--steps", str(steps), "--mode", mode,
-                               "--rank", str(r), "--world", str(count)],
+                               "--rank", str(r), "--world", str(count), "--wrap", str(wrap)],
                               stdout=subprocess.PIPE, cwd=ROOT, env=env)  # fmt: skip
              for r in range(count)]
     out = []
@@ -120,16 +123,21 @@ def pids_of(proc: ServerProcess) -> list[int]:
     return [info["pid"], *info.get("workers", [])]
 
 
+EPOCH_STEPS: dict[tuple[int, int], int] = {}  # shape -> steps of one epoch (warm, wrapped)
+
+
 def wait_ready(address: str, env: dict | None = None) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     for rows, seq_len in SHAPES:
         while True:
             code = ("import sys; from tokenfeed.client import Client; "
                     f"c = Client({address!r}, job={job_name(rows, seq_len)!r}); "
-                    "print(c.describe()['state'])")  # fmt: skip
-            state = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                   env=env, cwd=ROOT).stdout.strip()  # fmt: skip
+                    "i = c.describe(); print(i['steps_per_epoch'], i['state'])")  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 env=env, cwd=ROOT).stdout.strip()  # fmt: skip
+            state = out.split()[-1] if out else ""
             if state.endswith("READY"):
+                EPOCH_STEPS[(rows, seq_len)] = int(out.split()[0])
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{address}: job not ready ({state})")
@@ -174,14 +182,15 @@ def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResu
         for rows, seq_len in SHAPES:
             steps = max(sizes.tokens // (rows * seq_len), 10)
             job = job_name(rows, seq_len)
-            consumers(server.address, job, steps)  # warm: every chunk opened once
+            wrap = EPOCH_STEPS[(rows, seq_len)]
+            consumers(server.address, job, wrap, wrap=wrap)  # warm: every chunk opened once
             for _ in range(sizes.rounds):
                 before = cpu_seconds(pids)
-                [r] = consumers(server.address, job, steps)
+                [r] = consumers(server.address, job, steps, wrap=wrap)
                 used = cpu_seconds(pids) - before
                 result.tokenfeed.setdefault((rows, seq_len), []).append(rate([r]))
                 result.cpu.setdefault((rows, seq_len), []).append(used / (r["tokens"] / 1e6))
-                [c] = consumers(ceilings[(rows, seq_len)].address, "ceiling", steps)
+                [c] = consumers(ceilings[(rows, seq_len)].address, "ceiling", steps, wrap=wrap)
                 result.ceiling.setdefault((rows, seq_len), []).append(rate([c]))
                 result.memmap.setdefault((rows, seq_len), []).append(
                     measure_memmap(work, server.address, rows, seq_len, steps))
@@ -202,9 +211,11 @@ def measure_workers(work: Path, corpus: Path, tokenizer: Path, sizes: WireSizes,
         server = serve(work, f"workers-{n}", config)
         try:
             wait_ready(server.address)
-            consumers(server.address, job_name(rows, seq_len), steps // 4, count=2)
+            wrap = EPOCH_STEPS[(rows, seq_len)]
+            consumers(server.address, job_name(rows, seq_len), wrap, count=2, wrap=wrap)
             for _ in range(sizes.rounds):
-                got = consumers(server.address, job_name(rows, seq_len), steps, count=2)
+                got = consumers(server.address, job_name(rows, seq_len), steps, count=2,
+                                wrap=wrap)  # fmt: skip
                 result.workers.setdefault(n, []).append(rate(got))
         finally:
             server.stop(15)
@@ -227,11 +238,12 @@ def measure_before(work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: W
         for rows, seq_len in SHAPES:
             steps = max(sizes.tokens // (rows * seq_len), 10)
             job = job_name(rows, seq_len)
-            consumers(server.address, job, steps, env=env)
+            wrap = EPOCH_STEPS[(rows, seq_len)]
+            consumers(server.address, job, wrap, env=env, wrap=wrap)
             rates, cpus = [], []
             for _ in range(sizes.rounds):
                 used = cpu_seconds(pids)
-                [r] = consumers(server.address, job, steps, env=env)
+                [r] = consumers(server.address, job, steps, env=env, wrap=wrap)
                 cpus.append((cpu_seconds(pids) - used) / (r["tokens"] / 1e6))
                 rates.append(rate([r]))
             result.before[(rows, seq_len)] = (median(rates), median(cpus))
