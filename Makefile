@@ -22,14 +22,15 @@ demo: env
 tools:
 	bash scripts/install_tools.sh
 
-test: env tools
+# Lint and the format check first: CI runs this target, so it enforces them.
+test: env tools lint
 	$(PY) -m pytest -q
 
 lint: env
 	$(VENV)/bin/ruff check server client/tokenfeed/client tests bench scripts
 	$(VENV)/bin/ruff format --check server client/tokenfeed/client tests bench scripts
 
-check: lint test
+check: test
 
 protos: env
 	$(PY) scripts/gen_protos.py

@@ -95,11 +95,33 @@ def consumers(target: str, job: str, steps: int, count: int = 1, env: dict | Non
               mode: str = "stream", wrap: int = 0) -> list[dict]:  # fmt: skip
     """`count` consumer processes, each streaming `steps` steps of its own rank (within the
     first `wrap` steps, over and over: warm serving on a small corpus)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.consume", "--target", target,
-                               "--job", job, "--steps", str(steps), "--mode", mode,
-                               "--rank", str(r), "--world", str(count), "--wrap", str(wrap)],
-                              stdout=subprocess.PIPE, cwd=ROOT, env=env)  # fmt: skip
-             for r in range(count)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.consume",
+                "--target",
+                target,
+                "--job",
+                job,
+                "--steps",
+                str(steps),
+                "--mode",
+                mode,
+                "--rank",
+                str(r),
+                "--world",
+                str(count),
+                "--wrap",
+                str(wrap),
+            ],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )  # fmt: skip
+        for r in range(count)
+    ]
     out = []
     for p in procs:
         stdout, _ = p.communicate(timeout=600)
@@ -193,7 +215,8 @@ def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResu
                 [c] = consumers(ceilings[(rows, seq_len)].address, "ceiling", steps, wrap=wrap)
                 result.ceiling.setdefault((rows, seq_len), []).append(rate([c]))
                 result.memmap.setdefault((rows, seq_len), []).append(
-                    measure_memmap(work, server.address, rows, seq_len, steps))
+                    measure_memmap(work, server.address, rows, seq_len, steps)
+                )
     finally:
         server.stop(15)
         for c in ceilings.values():

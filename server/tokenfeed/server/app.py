@@ -28,6 +28,7 @@ from tokenfeed.server.tokstore import TokenStore
 
 log = logging.getLogger(__name__)
 
+
 def build_jobs(config: Config) -> dict[str, Job]:
     """The jobs of a config over one disk cache, with the eviction policy that knows them."""
     cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
