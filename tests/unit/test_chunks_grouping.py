@@ -4,6 +4,7 @@ the keys of simple chunks unchanged."""
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import logging
@@ -195,6 +196,21 @@ def test_small_row_groups_of_parquet_files_are_grouped_big_ones_are_not(tmp_path
         ["c.parquet"],
     ]
     assert [len(c.pieces) for c in mixed] == [2, 1, 8]
+
+
+def test_listing_names_each_object_by_its_resolved_path(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "sub/b.jsonl"):
+        (real / name).write_text("{}\n")
+    (tmp_path / "linkdir").symlink_to(real)
+    (real / "c.jsonl").symlink_to(real / "sub" / "b.jsonl")
+    monkeypatch.chdir(tmp_path)
+    for pattern in (str(tmp_path / "linkdir" / "**" / "*.jsonl"), "linkdir/*.jsonl",
+                    "real/./sub/../a.jsonl", str(real / "c.jsonl"), "*/sub/*"):  # fmt: skip
+        matches = [Path(m) for m in glob.glob(pattern, recursive=True)]
+        expected = sorted(str(m.resolve()) for m in matches if not m.is_dir())
+        assert [o.uri for o in LocalStore().list(pattern)] == expected and expected, pattern
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -467,7 +483,7 @@ def test_inputs_and_raw_working_set_count_every_part(tmp_path):
     chunks = plan(objs, 1000)
     assert [len(c.pieces) for c in chunks] == [6, 1]
     index = SimpleNamespace(
-        chunks=chunks, tokenizer=SimpleNamespace(digest="tok"),
+        chunks=chunks, tokenizer=SimpleNamespace(digest="tok", chunk_digest="tok"),
         dataset=SimpleNamespace(chunk_bytes=1000),
         storage=SimpleNamespace(object_store=SimpleNamespace(block_bytes=256)),
     )  # fmt: skip
