@@ -20,6 +20,7 @@ from typing import TextIO
 from tokenfeed.server.cache import DiskCache
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
+from tokenfeed.server.errors import JobFailedError
 from tokenfeed.server.job import Job
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
@@ -44,6 +45,9 @@ def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job
     storage = Storage(config.object_store, None)
     shared = SharedStore(config.store, storage) if config.store.uri else None
     job = Job(config.job(name), TokenStore(cache.root, cache, scan), storage, shared)
+    if job.state == "failed":  # a one-shot command wants the error, not a retry
+        raise JobFailedError(job.error)
+    job.load_tokenizer()
     for idx in job.indexes:
         idx.keep_bodies = keep_bodies
     return job

@@ -30,11 +30,14 @@ from tokenfeed.server.errors import (
     BadRecordError,
     CacheTooSmallError,
     JobFailedError,
+    LocalError,
     NotBuiltError,
     NotReadyError,
+    ObjectStoreError,
     RequestError,
     SourceError,
     StoreCorruptError,
+    TokenfeedError,
 )
 from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
 from tokenfeed.server.mixture import Phase, Schedule
@@ -118,9 +121,21 @@ class Job:
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage = storage = storage or Storage()
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
-        self.tokenizer = TextTokenizer(spec.tokenizer, storage.read_object(spec.tokenizer.path)[1])
-        self.indexes = [DatasetIndex(spec, d, store, self.tokenizer, storage, shared, supervisor)
+        self.indexes = [DatasetIndex(spec, d, store, None, storage, shared, supervisor)
                         for d in spec.datasets]  # fmt: skip
+        # The tokenizer may live in object storage: a fetch that fails is this job's problem
+        # only (retried by build_index like any storage failure), a file that is not a
+        # tokenizer fails the job; the server and its other jobs serve on.
+        self.tokenizer: TextTokenizer | None = None
+        self._tokenizer_error = ""
+        self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
+        try:
+            self.load_tokenizer()
+        except LocalError as e:
+            self._tokenizer_error = f"tokenizer {spec.tokenizer.path}: {e}; retrying"
+            log.warning("job %s: %s", self.name, self._tokenizer_error)
+        except TokenfeedError as e:
+            self.fail(f"tokenizer: {e}")
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
         self._ready = asyncio.Event()
@@ -133,7 +148,6 @@ class Job:
         # gathering token by token), for this much memory.
         self._materialised = _LRU(4096, stream_cache_bytes)
         self._fingerprint = ""
-        self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
         self.progress = Progress()
         self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
         for idx in self.indexes:
@@ -154,8 +168,23 @@ class Job:
 
     @property
     def error(self) -> str:
-        return "; ".join([i.error for i in self.indexes if i.error] + [self._failure] * bool(
-            self._failure))  # fmt: skip
+        own = [e for e in (self._failure, self._tokenizer_error) if e]
+        return "; ".join([i.error for i in self.indexes if i.error] + own)
+
+    def load_tokenizer(self) -> TextTokenizer:
+        """Fetch and load the tokenizer (once): LocalError if it cannot be fetched now,
+        ConfigError or SourceError if it is not there or not a tokenizer."""
+        if self.tokenizer is None:
+            path = self.spec.tokenizer.path
+            try:
+                raw = self.storage.read_object(path)[1]
+            except OSError as e:  # a local disk or network failure: worth another try
+                raise ObjectStoreError(f"cannot read {path}: {e}") from e
+            self.tokenizer = TextTokenizer(self.spec.tokenizer, raw)
+            for idx in self.indexes:
+                idx.tokenizer = self.tokenizer
+            self._tokenizer_error = ""
+        return self.tokenizer
 
     @property
     def fingerprint(self) -> str:
@@ -174,7 +203,30 @@ class Job:
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
+    async def _fetch_tokenizer(self, executor: Executor, retry: bool) -> bool:
+        """Load the tokenizer, retrying fetch failures with backoff (1 s doubling to 60 s)
+        until it loads, or the job fails (the file is not a tokenizer) or is cancelled."""
+        loop, pause = asyncio.get_running_loop(), 1.0
+        while self.tokenizer is None and not self._failure:
+            try:
+                await loop.run_in_executor(executor, self.load_tokenizer)
+            except LocalError as e:
+                self._tokenizer_error = f"tokenizer {self.spec.tokenizer.path}: {e}; retrying"
+                log.warning("job %s: %s in %.0fs", self.name, self._tokenizer_error, pause)
+                if not retry:
+                    self.fail(self._tokenizer_error)
+                    break
+                self._on_built()  # waiting requests answer with the reason now
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 60.0)
+            except TokenfeedError as e:
+                self.fail(f"tokenizer: {e}")
+        return self.tokenizer is not None and not self._failure
+
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
+        if not await self._fetch_tokenizer(executor, retry):
+            self._ready.set()
+            return
         await asyncio.gather(*(i.build(executor, parallel, retry) for i in self.indexes))
         if all(i.state == READY for i in self.indexes):
             for idx in self.indexes:  # the job's claim covers its raw data too
@@ -191,7 +243,7 @@ class Job:
             try:
                 self.plan(0, 0, 1)
                 return
-            except NotBuiltError:
+            except (NotBuiltError, NotReadyError):
                 pass
             except (JobFailedError, RequestError):
                 return
@@ -293,6 +345,9 @@ class Job:
         self.check_request(step, rank, world_size)
         if self.state == FAILED:
             raise JobFailedError(self.error)
+        if self.tokenizer is None:
+            raise NotReadyError(f"job {self.name} cannot serve yet: {self._tokenizer_error}",
+                                retry_after=5.0)  # fmt: skip
         per_rank = self.schedule.batch_size(step) // world_size
         datasets, dataset_rows = self.schedule.rows(step, rank * per_rank, per_rank)
         parts = []
