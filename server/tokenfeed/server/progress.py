@@ -1,8 +1,12 @@
 """What the trainers of one job have asked for, and how far prefetch is ahead of them.
 
-Bookkeeping on the event loop only: the furthest step requested (which prefetch and eviction
-plan from), each rank's latest step (for the status page; a rank is `(rank, world_size)`, and
-the table is bounded), and the job's step rate, which turns a lead in steps into seconds.
+Bookkeeping on the event loop only: each active rank's latest step (a rank is
+`(rank, world_size)`; the table is bounded, and a rank not heard from for RANK_EXPIRY_SECONDS is
+no longer active), the furthest step of the active ranks (which prefetch and eviction plan
+from: a run rolled back to an earlier checkpoint moves it back, and prefetch follows), and the
+job's step rate, which turns a lead in steps into seconds. O(1) per request: the furthest step
+is recomputed over the ranks only when every rank that held it has moved back, or when expired
+ranks are swept (at most every SWEEP_SECONDS).
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ import asyncio
 import time
 
 MAX_RANKS = 4096  # the status page shows the most recent ranks of very wide jobs
+# A rank silent this long has stopped (a finished run, or a world size that changed): its step
+# no longer holds prefetch and eviction. Longer than any checkpoint save or evaluation pause.
+RANK_EXPIRY_SECONDS = 600.0
+SWEEP_SECONDS = 10.0
 _RATE_WEIGHT = 0.2  # of the newest interval in the moving average of the step rate
 
 
@@ -21,24 +29,53 @@ class Progress:
         self.ranks: dict[tuple[int, int], tuple[int, float]] = {}
         self.step_rate = 0.0  # steps per second, a moving average
         self.tokens_served = 0
+        self._at_furthest = 0  # active ranks whose latest step is `furthest`
+        self._swept = time.monotonic()
         self._last: tuple[int, float] | None = None
         self._changed = asyncio.Event()
 
-    def note(self, step: int, rank: int, world_size: int) -> None:
-        now = time.time()
-        self.ranks.pop((rank, world_size), None)
-        self.ranks[(rank, world_size)] = (step, now)
+    def note(self, step: int, rank: int, world_size: int, now: float | None = None) -> None:
+        """A training request of (rank, world_size) for `step`."""
+        now = time.time() if now is None else now
+        key = (rank, world_size)
+        before = self.ranks.pop(key, None)
+        self.ranks[key] = (step, now)
+        if before is not None and before[0] == self.furthest and step != self.furthest:
+            self._at_furthest -= 1
         if len(self.ranks) > MAX_RANKS:
-            del self.ranks[next(iter(self.ranks))]  # the least recently heard from
-        if step <= self.furthest:
-            return
-        if self._last is not None and now > self._last[1]:
+            gone = next(iter(self.ranks))  # the least recently heard from
+            if self.ranks.pop(gone)[0] == self.furthest:
+                self._at_furthest -= 1
+        if step > self.furthest:
+            self._advance(step, now)
+        elif step == self.furthest and (before is None or before[0] != step):
+            self._at_furthest += 1
+        if self._at_furthest <= 0 or time.monotonic() - self._swept > SWEEP_SECONDS:
+            self._recompute(now)
+
+    def _advance(self, step: int, now: float) -> None:
+        if self._last is not None and now > self._last[1] and step > self._last[0]:
             rate = (step - self._last[0]) / (now - self._last[1])
             self.step_rate = rate if not self.step_rate else (
                 _RATE_WEIGHT * rate + (1 - _RATE_WEIGHT) * self.step_rate)  # fmt: skip
         self._last = (step, now)
-        self.furthest = step
+        self.furthest, self._at_furthest = step, 1
         self._changed.set()
+
+    def _recompute(self, now: float) -> None:
+        """Drop expired ranks and find the active ranks' furthest step: O(ranks), only when
+        the furthest step's last holder moved back, or once per SWEEP_SECONDS."""
+        self._swept = time.monotonic()
+        for key in [k for k, (_, t) in self.ranks.items() if now - t > RANK_EXPIRY_SECONDS]:
+            del self.ranks[key]
+        steps = [s for s, _ in self.ranks.values()]
+        furthest = max(steps, default=-1)
+        self._at_furthest = steps.count(furthest) if steps else 0
+        if furthest < self.furthest:  # a rollback (or the leaders stopped): prefetch from here
+            self.furthest = furthest
+            self.prefetched = min(self.prefetched, furthest)
+            self._last = None
+            self._changed.set()
 
     async def changed(self) -> None:
         await self._changed.wait()

@@ -1,0 +1,58 @@
+"""A job's progress: the furthest step of its active ranks, which prefetch and eviction follow."""
+
+from __future__ import annotations
+
+import random
+
+from tokenfeed.server import progress as progress_mod
+from tokenfeed.server.progress import RANK_EXPIRY_SECONDS, Progress
+
+
+def test_furthest_is_the_active_ranks_maximum_under_any_sequence():
+    rng = random.Random(5)
+    p, latest, now = Progress(), {}, 1000.0
+    for _ in range(3000):
+        rank, world = rng.randrange(8), rng.choice((4, 8))
+        step = rng.randrange(200) if rng.random() < 0.1 else max(latest.values(), default=0) + 1
+        now += rng.random()
+        p.note(step, rank, world, now)
+        latest[(rank, world)] = step
+        assert p.furthest == max(latest.values())
+        assert p._at_furthest == sum(s == p.furthest for s in latest.values())
+
+
+def test_a_rollback_moves_prefetch_back():
+    p = Progress()
+    for step in range(100):
+        for rank in range(4):
+            p.note(step, rank, 4, 1000.0 + step)
+    p.prefetched = 108
+    assert p.furthest == 99
+    # Every rank restarts from the checkpoint at step 40.
+    for rank in range(4):
+        p.note(40, rank, 4, 2000.0)
+    assert p.furthest == 40 and p.prefetched == 40  # prefetch starts again at 41
+    p.note(41, 0, 4, 2001.0)
+    assert p.furthest == 41
+
+
+def test_silent_ranks_expire():
+    p = Progress()
+    p.note(500, 0, 2, 1000.0)  # a world size that no longer asks
+    p.note(10, 0, 1, 1000.0 + RANK_EXPIRY_SECONDS + 1)
+    assert p.furthest == 500  # not swept yet: at most every SWEEP_SECONDS
+    p._swept -= progress_mod.SWEEP_SECONDS + 1
+    p.note(11, 0, 1, 1000.0 + RANK_EXPIRY_SECONDS + 2)
+    assert p.furthest == 11 and (0, 2) not in p.ranks
+
+
+def test_the_common_path_never_walks_the_ranks(monkeypatch):
+    p = Progress()
+    for rank in range(1000):
+        p.note(0, rank, 1000, 1000.0)
+    calls = []
+    monkeypatch.setattr(p, "_recompute", lambda now: calls.append(now))
+    for step in range(1, 50):  # ranks advance in lock step
+        for rank in range(1000):
+            p.note(step, rank, 1000, 1000.0 + step)
+    assert calls == []
