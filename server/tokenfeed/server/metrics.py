@@ -42,7 +42,10 @@ SERVED_TOKENS = Counter(
     ["job"], registry=REGISTRY,
 )  # fmt: skip
 SERVED_BYTES = Counter(
-    "tokenfeed_served_bytes_total", "Tensor bytes sent to trainers.", ["job"], registry=REGISTRY
+    "tokenfeed_served_bytes_total",
+    "Compact batch bytes sent to trainers (token array and document boundaries).",
+    ["job"],
+    registry=REGISTRY,
 )
 SERVING = Gauge(
     "tokenfeed_serving",
