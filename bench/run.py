@@ -19,7 +19,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import client, mixture, objstore, packing, serving, store, tokenization
+from bench import client, mixture, objstore, packing, serving, smallobjects, store, tokenization
 from bench.client import ClientResult
 from bench.objstore import ObjstoreResult
 from bench.packing import PackingResult
@@ -33,7 +33,9 @@ SERVING_TARGET = 0.70
 TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
-SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store")
+SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store",
+            "smallobjects")  # fmt: skip
+SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
 QUICK = (
@@ -43,6 +45,7 @@ QUICK = (
     packing.PackingSizes(repeats=3, calls=100),
     objstore.ObjstoreSizes(copies=4, rounds=2),
     store.StoreSizes(copies=2, repeats=2, lookups=5),
+    smallobjects.SmallObjectsSizes(objects=2000, copies=4, rounds=2),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
@@ -51,6 +54,7 @@ FULL = (
     packing.PackingSizes(repeats=7, calls=500),
     objstore.ObjstoreSizes(copies=10, rounds=5),
     store.StoreSizes(copies=8, repeats=5, lookups=20),
+    smallobjects.SmallObjectsSizes(objects=10_000, copies=16, rounds=3),
 )
 
 
@@ -337,6 +341,43 @@ def store_table(r: store.StoreResult) -> str:
     return f"{table}\n{build_notes}\n\n{index_table}\n{index_notes}"
 
 
+def smallobjects_table(r: smallobjects.SmallObjectsResult, workers: int) -> str:
+    small, large = r.objects["small"], r.objects["large"]
+    rows = []
+    for backend, label in (("local", "local files"), ("s3", "S3 (moto)")):
+        s, g = r.seconds[backend, "small"], r.seconds[backend, "large"]
+        ratio = paired_ratio([1 / x for x in s], [1 / x for x in g])  # rates of one workload
+        rows += [
+            [f"{label}: build MB/s of text", number(r.rate(median(s)), 2),
+             number(r.rate(median(g)), 2), number(ratio, 2), target(ratio, SMALL_OBJECTS_TARGET)],
+            [f"{label}: build seconds", number(median(s), 2), number(median(g), 2), "", ""],
+            [f"{label}: chunks", str(r.chunks[backend, "small"]),
+             str(r.chunks[backend, "large"]), "", ""],
+        ]  # fmt: skip
+    rows.append([f"moto: bare GETs of the {small:,} small objects (s)",
+                 number(median(r.bare_gets), 2), "-", "", ""])  # fmt: skip
+    extra = [a - b for a, b in zip(r.seconds["s3", "small"], r.seconds["s3", "large"],
+                                   strict=True)]  # fmt: skip
+    title = (
+        f"8. Many small objects: `tokenfeed build --workers {workers}` of the same {r.docs:,} "
+        f"docs ({r.text_bytes / 1e6:.2f} MB of text) as {small:,} small .jsonl.gz objects "
+        f"({r.source_bytes['small'] / small / 1e3:.1f} KB each) and as {large} large ones\n"
+        f"   chunk_bytes {r.chunk_bytes:,} (the largest large object); an empty cache per build; "
+        f"medians of {len(r.bare_gets)} rounds; ratio: median of the rounds' ratios"
+    )
+    table = render(title, ["", f"{small:,} small objects", f"{large} large objects",
+                           "small/large", "target"], rows)  # fmt: skip
+    notes = (
+        "build: wall time of the whole command (listing, planning, worker start-up, tokenizing, "
+        "storing)\n"
+        f"bare GETs: boto3, {smallobjects.GETS_IN_FLIGHT} in flight, every small object once, in "
+        "the same rounds: the floor moto puts under any reader of that layout;\n"
+        "  S3 small build seconds beyond the large build's / bare GET seconds: "
+        f"{paired_ratio(extra, r.bare_gets):.2f}"
+    )
+    return f"{table}\n{notes}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
@@ -346,9 +387,8 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
-    serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes, store_sizes = (
-        QUICK if args.quick else FULL
-    )
+    (serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes, store_sizes,
+     small_sizes) = QUICK if args.quick else FULL  # fmt: skip
     threads = cores()
     OUT.mkdir(parents=True, exist_ok=True)
 
@@ -371,6 +411,9 @@ def main() -> None:
         print(objstore_table(objstore.run(objstore_sizes, OUT, threads)) + "\n", flush=True)
     if "store" in only:
         print(store_table(store.run(store_sizes, OUT)) + "\n", flush=True)
+    if "smallobjects" in only:
+        small = smallobjects.run(small_sizes, OUT, threads)
+        print(smallobjects_table(small, threads) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 
