@@ -400,8 +400,9 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         auth=_auth(s.get("auth"), base),
         workers=_workers(s),
         stream_ahead=s.int("stream_ahead", ServerSpec.stream_ahead, minimum=1),
-        stream_cache_bytes=parse_size(s.get("stream_cache_bytes", ServerSpec.stream_cache_bytes),
-                                      s.path("stream_cache_bytes")),
+        stream_cache_bytes=parse_size(
+            s.get("stream_cache_bytes", ServerSpec.stream_cache_bytes), s.path("stream_cache_bytes")
+        ),
     )
     s.done()
     return spec

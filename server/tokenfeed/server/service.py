@@ -117,7 +117,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.note_served(plan.rows * job.spec.seq_len)
         metrics.SERVED_TOKENS.labels(job.name).inc(plan.rows * job.spec.seq_len)
         metrics.SERVED_BYTES.labels(job.name).inc(
-            sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding")))
+            sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding"))
+        )
         return pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size, epoch=epoch,
                         job_fingerprint=job.fingerprint, **fields)  # fmt: skip
 
