@@ -162,6 +162,9 @@ def client_costs(address: str, sizes: ClientSizes) -> dict[str, float]:
         "protobuf parse": per_call_us(lambda: pb.Batch.FromString(wire), sizes.decodes),
         "Batch(msg), fingerprint verified": per_call_us(lambda: Batch(msg), sizes.decodes),
         "Batch(msg, verify=False)": per_call_us(lambda: Batch(msg, False), sizes.decodes),
+        "Batch(msg) and all five int32 tensors": per_call_us(
+            lambda: [Batch(msg)[name] for name in TENSOR_NAMES], sizes.decodes
+        ),
         "prefetch queue hand-off": handoff_us(batch, sizes.handoffs),
         "iter_batches read flat out": flat_out,
     }

@@ -19,7 +19,18 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from bench import client, mixture, objstore, packing, serving, smallobjects, store, tokenization
+from bench import (
+    client,
+    mixture,
+    objstore,
+    packing,
+    served,
+    serving,
+    smallobjects,
+    store,
+    tokenization,
+    wire,
+)
 from bench.client import ClientResult
 from bench.objstore import ObjstoreResult
 from bench.packing import PackingResult
@@ -34,7 +45,7 @@ TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
 SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store",
-            "smallobjects")  # fmt: skip
+            "smallobjects", "wire", "served")  # fmt: skip
 SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
@@ -78,7 +89,7 @@ def within(value: float, low: float, high: float) -> str:
 def serving_table(r: ServingResult) -> str:
     tf, cl = r.tokenfeed, r.ceiling
     tokens = serving.SEQ_LEN * serving.GLOBAL_BATCH
-    payload = tokens * 4 * 4 // 1024  # four int32 tensors
+    payload = tokens * 2 // 1024  # the compact wire form: uint16 tokens (plus a few starts)
     unary = paired_ratio(tf.unary_rates, cl.unary_rates)
     stream = paired_ratio(tf.stream_rates, cl.stream_rates)
     rows = [
@@ -133,7 +144,7 @@ def client_table(r: ClientResult) -> str:
     one, three = client.ROWS[client.ONE_RANK], client.ROWS[client.THREE_RANKS]
     costs = render(
         f"3. Client and fleet\n"
-        f"3a. Client cost per batch: seq_len {serving.SEQ_LEN} x {one} rows, 4 int32 tensors; "
+        f"3a. Client cost per batch: seq_len {serving.SEQ_LEN} x {one} rows, compact wire form; "
         f"median of {client.REPEATS} timed loops",
         ["", "us per batch"],
         [[label, number(us, 1)] for label, us in r.costs.items()],
@@ -385,6 +396,12 @@ def main() -> None:
         "--only", action="append", choices=SECTIONS, metavar="SECTION",
         help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
     )  # fmt: skip
+    parser.add_argument(
+        "--before",
+        default="",
+        metavar="REV",
+        help="wire section: also measure the server of this earlier commit",
+    )
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
     (serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes, store_sizes,
@@ -414,6 +431,11 @@ def main() -> None:
     if "smallobjects" in only:
         small = smallobjects.run(small_sizes, OUT, threads)
         print(smallobjects_table(small, threads) + "\n", flush=True)
+    if "wire" in only:  # StreamBatches vs the raw wire, CPU per M tokens, serving workers
+        sizes = wire.QUICK if args.quick else wire.FULL
+        print(wire.table(wire.run(sizes, OUT, args.before)) + "\n", flush=True)
+    if "served" in only:  # every token: served per epoch / indexed, per corpus layout
+        print(served.run(args.quick, OUT) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 
