@@ -518,8 +518,9 @@ class Job:
             missing = [key for key in needed if not self._materialised.contains(key)]
             make = self._stream_ids
         else:
-            missing = list({(d, c) for d, _, c in needed if not self._open.contains((d, c))})
-            make = self._chunk
+            missing = list({(d, c) for d, _, c in needed
+                            if not self._materialised.contains((d, -1, c))})  # fmt: skip
+            make = self._bestfit_tokens
         if missing:
             loop = asyncio.get_running_loop()
             try:
@@ -566,7 +567,8 @@ class Job:
             for c in dict.fromkeys(pc.chunk.tolist()):
                 sel = pc.chunk == c
                 chunk, layout = self._chunk(part.dataset, c), self._bestfit(part.dataset, c)
-                rows = bestfit.bestfit_rows_at(layout, chunk.doc_offsets, chunk.tokens, pc.lo[sel],
+                tokens = self._bestfit_tokens(part.dataset, c)
+                rows = bestfit.bestfit_rows_at(layout, chunk.doc_offsets, tokens, pc.lo[sel],
                                                s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
                 for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
                     out[name][part.slots[pc.row[sel]]] = arr
@@ -686,10 +688,24 @@ class Job:
 
         def make() -> np.ndarray:
             t = self.tokenizer
-            return packing.materialise(self._stream(d, epoch, c), self._chunk(d, c).tokens,
+            return packing.materialise(self._stream(d, epoch, c), self._verified(d, c).tokens,
                                        t.bos_id, t.eos_id, self.wire_dtype)  # fmt: skip
 
         return self._materialised.get_or_make((d, epoch, c), make)
+
+    def _verified(self, d: int, c: int) -> TokenChunk:
+        """Chunk c opened with its digests checked now, whatever was checked before: what is
+        served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
+        while the server runs is found at the next copy, and the chunk rebuilt, never served."""
+        self.store.forget_verified(self.indexes[d].keys[c])
+        self._open.discard((d, c))
+        return self._chunk(d, c)
+
+    def _bestfit_tokens(self, d: int, c: int) -> np.ndarray:
+        """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
+        return self._materialised.get_or_make(
+            (d, -1, c), lambda: np.array(self._verified(d, c).tokens)
+        )
 
     def _bestfit(self, d: int, c: int) -> bestfit.BestFitLayout:
         # best-fit rows do not depend on the epoch's document order (the rows are permuted)

@@ -211,7 +211,8 @@ def _dataset_info(idx, weight) -> pb.DatasetInfo:
     ready = idx.state == READY
     return pb.DatasetInfo(
         name=idx.dataset.name, weight=str(weight), fingerprint=idx.fingerprint,
-        num_sources=len({c.source.uri for c in idx.chunks}), num_chunks=len(idx.chunks),
+        num_sources=len({p.source.uri for c in idx.chunks for p in c.pieces}),
+        num_chunks=len(idx.chunks),
         chunks_indexed=idx.chunks_indexed,
         num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
         num_tokens=int(idx.num_tokens[idx.num_tokens > 0].sum()),

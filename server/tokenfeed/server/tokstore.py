@@ -399,6 +399,10 @@ class TokenStore:
             tokens = np.frombuffer(mapped, dtype=dtype.newbyteorder("<"))
         return TokenChunk(tokens, pointers // dtype.itemsize, lengths)
 
+    def forget_verified(self, key: str) -> None:
+        """The next open of the chunk checks its digests again."""
+        self._verified.discard(key)
+
     def gone(self, key: str) -> bool:
         """The body's files were removed (evicted) since they were mapped."""
         return not self._paths(key)[0].exists()
