@@ -27,9 +27,9 @@ from tokenfeed.client import errors as client_errors
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
-# Every 8th step of the first epoch of the test corpus (329 steps of 8 rows of 64 tokens), the
+# Every 8th step of the first epoch of the test corpus (330 steps of 8 rows of 64 tokens), the
 # last steps before and the first after the epoch boundary, and a few of the second epoch.
-STEPS = [*range(0, 329, 8), 327, 328, 329, 330, 400, 555]
+STEPS = [*range(0, 330, 8), 328, 329, 330, 331, 400, 555]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def local_batches(tmp_path_factory, corpus) -> dict[int, dict[str, bytes]]:
     try:
         assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
         with proc.client("main") as c:
-            assert c.describe()["steps_per_epoch"] == 329  # STEPS assumes it
+            assert c.describe()["steps_per_epoch"] == 330  # STEPS assumes it
             return {s: batch_bytes(c.get_batch(s)) for s in STEPS}
     finally:
         assert proc.stop() == 0, proc.log()

@@ -150,3 +150,99 @@ def test_claims_refuse_a_working_set_the_budget_cannot_hold(tmp_path):
         cache.claim("b", 500, "job b")
     cache.claim("a", 300, "job a")  # a job's claim replaces its earlier one
     cache.claim("b", 500, "job b")
+
+
+# -- O(1) per request: running totals, no walk on the serving path, deletion without the lock
+
+
+def test_running_totals_equal_a_recount_under_any_sequence(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    cache = DiskCache(tmp_path, budget=5000)
+    blocks = BlockFiles(cache)
+    store = TokenStore(tmp_path, cache)
+    keys = [f"k{i}" for i in range(40)]
+    for i in range(600):
+        op = rng.random()
+        key = rng.choice(keys)
+        if op < 0.5:
+            put_block(blocks, key, rng.randrange(10, 400))
+        elif op < 0.6:
+            cache.remove("block", key, "test")
+        elif op < 0.8:
+            with cache.pinned([("block", key), ("block", rng.choice(keys))]):
+                put_block(blocks, rng.choice(keys), rng.randrange(10, 400))
+        else:
+            tokens = np.arange(rng.randrange(1, 50), dtype=np.uint16)
+            key = f"{rng.randrange(3):032x}"  # manifests are kept: a few keys, rewritten
+            store.put(key, tokens, np.array([len(tokens)], dtype=np.int32), 1, {}, [], "test")
+        assert cache.usage() == cache.recount(), f"after operation {i}"
+        assert cache.used == sum(b for _, b in cache.recount().values())
+        assert files_bytes(tmp_path) <= 5000
+
+
+def test_the_serving_path_never_walks_the_entries(tmp_path, monkeypatch):
+    cache = DiskCache(tmp_path, budget=10**9)
+    blocks = BlockFiles(cache)
+    for i in range(2000):
+        put_block(blocks, f"k{i}", 10)
+
+    class Walked(Exception):
+        pass
+
+    class NoWalk(dict):
+        def values(self):
+            raise Walked
+
+        def items(self):
+            raise Walked
+
+        def __iter__(self):
+            raise Walked
+
+    monkeypatch.setattr(cache, "_entries", NoWalk(cache._entries))
+    for i in range(200):  # what every batch does: pin, look up, unpin
+        with cache.pinned([("block", f"k{i}"), ("chunk", f"c{i}")]):
+            assert cache.lookup("block", f"k{i}") and cache.contains("block", f"k{i}")
+    assert cache.used == 20000 and cache.usage()["block"] == (2000, 20000)
+    put_block(blocks, "new", 10)  # under the budget: no walk either
+
+
+def test_evicted_files_are_deleted_without_the_lock(tmp_path):
+    cache = DiskCache(tmp_path, budget=1000)
+    blocks = BlockFiles(cache)
+    for i in range(3):
+        put_block(blocks, f"k{i}", 300)
+    kind = cache._kinds["block"]
+    seen = []
+    deleting = threading.Event()
+    proceed = threading.Event()
+
+    def slow_delete(key: str) -> None:
+        seen.append(cache._lock.locked())
+        deleting.set()
+        proceed.wait(5)
+        kind.delete(key)
+
+    cache._kinds["block"] = type(kind)(kind.name, kind.scan, slow_delete, kind.evictable)
+    writer = threading.Thread(target=put_block, args=(blocks, "k3", 300))
+    writer.start()
+    assert deleting.wait(5)
+    # While the evicted file is being deleted, the serving path goes on.
+    started = time.monotonic()
+    assert cache.contains("block", "k2") and cache.lookup("block", "k1")
+    with cache.pinned([("block", "k2")]):
+        pass
+    assert time.monotonic() - started < 1.0
+    # A fill of the key being deleted waits for the deletion (its new files survive).
+    refill = threading.Thread(target=put_block, args=(blocks, "k0", 300, 2))
+    refill.start()
+    time.sleep(0.2)
+    assert refill.is_alive()
+    proceed.set()
+    writer.join(5)
+    refill.join(5)
+    assert seen and not any(seen), "files were deleted with the cache lock held"
+    assert put_block(blocks, "k0", 300) == bytes([2]) * 300
+    assert files_bytes(tmp_path) <= 1000

@@ -17,8 +17,16 @@ job is computed from must survive evictions and restarts).
 - On start every kind rescans its files (dropping temporary and corrupt ones) and reports the
   entries it keeps.
 
-Lock order: `DiskCache._lock` is never held while calling a fill function; deleters and the
-policy are called with it held and must not call back into the cache.
+Cost per request: O(1). Entries, bytes per kind and the bytes of unevictable entries are
+running totals kept as entries come and go, the gauges are set from them as they change (the
+pinned bytes at scrape time); nothing on the serving path (`pinned`, `lookup`, `contains`)
+walks the entries. Only making room walks them, and only when the budget is exceeded.
+
+Lock order: `DiskCache._lock` is never held while calling a fill function or deleting files:
+evicted entries leave the accounting under the lock and their files are deleted after it is
+released; until then the key is "being deleted", and a fill of it waits for the deletion
+(so a rebuilt entry's files are never the ones deleted). The policy and the eviction
+listeners are called with the lock held and must not call back into the cache.
 """
 
 from __future__ import annotations
@@ -77,8 +85,15 @@ class DiskCache:
         self._inflight: dict[EntryKey, threading.Event] = {}
         self._policy: Policy | None = None
         self._listeners: list[Callable[[EntryKey], None]] = []
+        self._deleting: dict[EntryKey, threading.Event] = {}  # evicted, files not yet deleted
+        # Running totals (lock held to change them): kind -> [entries, bytes]; all bytes; the
+        # bytes of unevictable entries.
+        self._totals: dict[str, list[int]] = {}
+        self._used = 0
+        self._fixed = 0
         self.evictions = 0
         metrics.CACHE_BUDGET_BYTES.set(budget)
+        metrics.CACHE_PINNED_BYTES.set_function(self._pinned_bytes)
 
     # ------------------------------------------------------------ setup
 
@@ -87,9 +102,10 @@ class DiskCache:
         found = list(kind.scan())
         with self._lock:
             self._kinds[kind.name] = kind
+            self._totals.setdefault(kind.name, [0, 0])
+            self._gauge(kind.name)
             for key, size in found:
-                self._entries[(kind.name, key)] = _Entry(size, kind.evictable)
-            self._publish()
+                self._add_locked((kind.name, key), _Entry(size, kind.evictable))
         if found:
             log.info("cache: kept %d %s entries (%d bytes) from %s",
                      len(found), kind.name, sum(s for _, s in found), self.root)  # fmt: skip
@@ -136,7 +152,6 @@ class DiskCache:
                     self._pins[e] = n
                 else:
                     del self._pins[e]
-            self._publish()
 
     def fill_once(self, kind: str, key: str, fill: Callable[[], None]) -> None:
         """Run `fill` (which must commit the entry) unless the entry is present, once however
@@ -145,7 +160,9 @@ class DiskCache:
             with self._lock:
                 if (kind, key) in self._entries:
                     return
-                waiting = self._inflight.get((kind, key))
+                # An entry whose files are still being deleted after its eviction is waited for
+                # like a fill in flight, so the deletion never removes the new files.
+                waiting = self._inflight.get((kind, key)) or self._deleting.get((kind, key))
                 if waiting is None:
                     done = self._inflight[(kind, key)] = threading.Event()
             if waiting is not None:
@@ -168,8 +185,7 @@ class DiskCache:
         with self._lock:
             if entry in self._pins or self._policy is None:
                 return True
-            excess = sum(e.size for e in self._entries.values()) + self._reserved + size
-            excess -= self.budget
+            excess = self._used + self._reserved + size - self.budget
             if excess <= 0:
                 return True
             candidates = [k for k, e in self._entries.items()
@@ -180,8 +196,9 @@ class DiskCache:
     def reserving(self, size: int, why: str) -> Iterator[None]:
         """Room for `size` bytes of files written inside the block (then `commit` them)."""
         with self._lock:
-            self._make_room(size, why)
+            evicted = self._make_room(size, why)
             self._reserved += size
+        self._delete(evicted)
         try:
             yield
         finally:
@@ -191,18 +208,16 @@ class DiskCache:
     def commit(self, kind: str, key: str, size: int) -> None:
         """Account for a complete entry whose files are in place (written under `reserving`)."""
         with self._lock:
-            self._entries[(kind, key)] = _Entry(size, self._kinds[kind].evictable)
-            self._publish()
+            self._add_locked((kind, key), _Entry(size, self._kinds[kind].evictable))
 
     def remove(self, kind: str, key: str, why: str) -> None:
         """Forget a partial or corrupt entry (its files are deleted by the kind)."""
         with self._lock:
-            self._kinds[kind].delete(key)
-            if self._entries.pop((kind, key), None) is not None:
+            self._kinds[kind].delete(key)  # rare (corruption): under the lock, simply
+            if self._pop_locked((kind, key)) is not None:
                 metrics.CACHE_DROPPED.labels(kind).inc()
                 for listener in self._listeners:
                     listener((kind, key))
-            self._publish()
         log.warning("cache: dropped %s %s: %s", kind, key, why)
 
     def write_bytes(self, kind: str, key: str, path: Path, data: bytes) -> None:
@@ -216,7 +231,7 @@ class DiskCache:
         flight), refusing if the claims and the unevictable entries exceed the budget."""
         with self._lock:
             others = sum(v for k, v in self._claims.items() if k != owner)
-            fixed = sum(e.size for e in self._entries.values() if not e.evictable)
+            fixed = self._fixed
             need = others + fixed + working_set
             if need > self.budget:
                 raise CacheTooSmallError(
@@ -236,44 +251,75 @@ class DiskCache:
     @property
     def used(self) -> int:
         with self._lock:
-            return sum(e.size for e in self._entries.values())
+            return self._used
 
     def usage(self) -> dict[str, tuple[int, int]]:
         """kind -> (entries, bytes)."""
         with self._lock:
-            return self._usage_locked()
+            return {kind: (n, b) for kind, (n, b) in self._totals.items()}
 
-    def _usage_locked(self) -> dict[str, tuple[int, int]]:
-        out = {name: (0, 0) for name in self._kinds}
-        for (kind, _), e in self._entries.items():
-            n, b = out.get(kind, (0, 0))
-            out[kind] = (n + 1, b + e.size)
-        return out
+    def recount(self) -> dict[str, tuple[int, int]]:
+        """kind -> (entries, bytes) counted entry by entry (tests: the totals must equal it)."""
+        with self._lock:
+            out = {name: (0, 0) for name in self._kinds}
+            for (kind, _), e in self._entries.items():
+                n, b = out.get(kind, (0, 0))
+                out[kind] = (n + 1, b + e.size)
+            return out
 
-    def _publish(self) -> None:
-        """Gauges from the current entries (lock held)."""
-        for kind, (n, b) in self._usage_locked().items():
-            metrics.CACHE_ENTRIES.labels(kind).set(n)
-            metrics.CACHE_BYTES.labels(kind).set(b)
-        pinned = sum(self._entries[k].size for k in self._pins if k in self._entries)
-        metrics.CACHE_PINNED_BYTES.set(pinned)
+    def _add_locked(self, key: EntryKey, entry: _Entry) -> None:
+        """Account for an entry (lock held); replaces any entry of the same key."""
+        self._pop_locked(key)
+        self._entries[key] = entry
+        totals = self._totals.setdefault(key[0], [0, 0])
+        totals[0] += 1
+        totals[1] += entry.size
+        self._used += entry.size
+        self._fixed += 0 if entry.evictable else entry.size
+        self._gauge(key[0])
+
+    def _pop_locked(self, key: EntryKey) -> _Entry | None:
+        """Forget an entry in the accounting (lock held); its files are the caller's."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            totals = self._totals[key[0]]
+            totals[0] -= 1
+            totals[1] -= entry.size
+            self._used -= entry.size
+            self._fixed -= 0 if entry.evictable else entry.size
+            self._gauge(key[0])
+        return entry
+
+    def _gauge(self, kind: str) -> None:
+        n, b = self._totals[kind]
+        metrics.CACHE_ENTRIES.labels(kind).set(n)
+        metrics.CACHE_BYTES.labels(kind).set(b)
+
+    def _pinned_bytes(self) -> int:
+        """At scrape time: bytes of the pinned entries (a few batches' chunks)."""
+        with self._lock:
+            return sum(self._entries[k].size for k in self._pins if k in self._entries)
 
     # ------------------------------------------------------------ eviction
 
     def _shrink_to_budget(self) -> None:
         """After a rescan with a smaller budget than before: evict down to the budget."""
+        evicted: list[EntryKey] = []
         with self._lock:
             try:
-                self._make_room(0, "rescan")
+                evicted = self._make_room(0, "rescan")
             except CacheFullError as e:
                 log.warning("cache: %s", e)
+        self._delete(evicted)
 
-    def _make_room(self, size: int, why: str) -> None:
-        """Evict until `size` more bytes fit (lock held)."""
-        used = sum(e.size for e in self._entries.values())
+    def _make_room(self, size: int, why: str) -> list[EntryKey]:
+        """Evict until `size` more bytes fit (lock held): the evicted entries leave the
+        accounting now; the caller deletes their files (`_delete`) once the lock is released.
+        Walks the entries only when the budget is exceeded."""
+        used = self._used
         excess = used + self._reserved + size - self.budget
         if excess <= 0:
-            return
+            return []
         candidates = [k for k, e in self._entries.items() if e.evictable and k not in self._pins]
         if sum(self._entries[k].size for k in candidates) < excess:
             stuck = used - sum(self._entries[k].size for k in candidates)
@@ -283,15 +329,25 @@ class DiskCache:
                 f"for writes in flight; the cache needs at least {stuck + self._reserved + size} "
                 f"bytes (server.cache_bytes)"
             )
-        for victim in self._victims(candidates, excess):
-            entry = self._entries.pop(victim)
-            self._kinds[victim[0]].delete(victim[1])
+        victims = self._victims(candidates, excess)
+        for victim in victims:
+            entry = self._pop_locked(victim)
+            self._deleting[victim] = threading.Event()
             self.evictions += 1
             metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
             metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(entry.size)
             for listener in self._listeners:
                 listener(victim)
-        self._publish()
+        return victims
+
+    def _delete(self, victims: list[EntryKey]) -> None:
+        """Delete evicted entries' files, without the lock; then fills of them may proceed."""
+        for victim in victims:
+            try:
+                self._kinds[victim[0]].delete(victim[1])
+            finally:
+                with self._lock:
+                    self._deleting.pop(victim).set()
 
     def _victims(self, candidates: list[EntryKey], excess: int,
                  incoming: dict[EntryKey, int] | None = None) -> list[EntryKey]:  # fmt: skip
