@@ -24,6 +24,7 @@ from bench import (
     mixture,
     objstore,
     packing,
+    scale,
     served,
     serving,
     smallobjects,
@@ -45,7 +46,7 @@ TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
 SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store",
-            "smallobjects", "wire", "served")  # fmt: skip
+            "smallobjects", "wire", "served", "scale")  # fmt: skip
 SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
@@ -436,6 +437,8 @@ def main() -> None:
         print(wire.table(wire.run(sizes, OUT, args.before)) + "\n", flush=True)
     if "served" in only:  # every token: served per epoch / indexed, per corpus layout
         print(served.run(args.quick, OUT) + "\n", flush=True)
+    if "scale" in only:  # GetBatch p50/p99 with 100 and 300,000 chunks
+        print(scale.run(scale.QUICK if args.quick else scale.FULL, OUT) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 

@@ -1,0 +1,179 @@
+"""GetBatch latency at corpus scale: a server holding a 300,000-chunk index beside one holding
+100 chunks, real batches over gRPC, p50 and p99 of each (target: ratio at most 1.2).
+
+    python -m bench.scale [--quick]
+
+The server (a child process, `python -m bench.scale serve`) serves two jobs over the same real
+chunks: `small`, the 100 chunks of a real corpus as built; `large`, an index of 300,000 chunks
+(the size of a 10T-token corpus at 32M tokens a chunk) whose first 100 positions in epoch 0's
+chunk order are those same real chunks and whose other 299,900 are synthetic entries (counts
+only, as the build records them; never read). The steps measured read only the real chunks, so
+both jobs do the same data work: the difference is what a request costs at that index size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenfeed.client import Client
+from tokenfeed.server import democorpus
+
+from bench.procs import ServerProcess
+from bench.stats import median, percentile
+from bench.table import render
+
+LARGE_CHUNKS = 300_000
+SEQ_LEN, BATCH, WINDOW = 2048, 8, 4
+CHUNK_KIB = 7  # the demo corpus in about 100 chunks
+TARGET = 1.2
+
+
+@dataclass(frozen=True)
+class ScaleSizes:
+    calls: int  # GetBatch calls per job and round
+    rounds: int
+
+
+QUICK = ScaleSizes(calls=200, rounds=3)
+FULL = ScaleSizes(calls=1000, rounds=5)
+
+
+def _config(work: Path, corpus: Path, tokenizer: Path) -> dict:
+    spec = {"sources": [str(corpus / "*")], "tokenizer": str(tokenizer), "seq_len": SEQ_LEN,
+            "global_batch_size": BATCH, "seed": 1, "chunk_bytes": f"{CHUNK_KIB}KiB",
+            "window_chunks": WINDOW}  # fmt: skip
+    return {"server": {"listen": "127.0.0.1:0", "cache_dir": str(work / "cache")},
+            "jobs": {"small": dict(spec), "large": dict(spec)}}  # fmt: skip
+
+
+async def _serve(work: Path, ready_file: str) -> None:
+    from tokenfeed.server import config as configmod
+    from tokenfeed.server.app import build_jobs, write_ready
+    from tokenfeed.server.chunks import Chunk
+    from tokenfeed.server.front import Front
+    from tokenfeed.server.index import READY
+    from tokenfeed.server.order import permute, round_keys
+    from tokenfeed.server.storage import ObjectInfo
+
+    corpus, tokenizer, _ = democorpus.prepare(work.parent / "democorpus")
+    config = configmod.from_dict(_config(work, corpus, tokenizer))
+    jobs = build_jobs(config)
+    small, large = jobs["small"], jobs["large"]
+    with ThreadPoolExecutor(2) as pool:
+        await small.build_index(pool, 2, retry=False)
+    real = small.index
+    n_real = min(100, len(real.chunks))
+    # The large index: epoch 0's first n_real positions hold the small job's chunks, in the
+    # small job's epoch-0 order; every other position a synthetic chunk of the same sizes.
+    name = large.index.dataset.name
+    order0 = permute(np.arange(LARGE_CHUNKS), LARGE_CHUNKS, round_keys("chunks", 1, name, 0))
+    chunks: list = [None] * LARGE_CHUNKS
+    for p in range(n_real):
+        chunks[int(order0[p])] = real.chunks[int(real.order0[p])]
+    size = CHUNK_KIB * 1024
+    fake = ObjectInfo("/synthetic/shard.jsonl", size * LARGE_CHUNKS, "0")
+    for i in range(LARGE_CHUNKS):
+        if chunks[i] is None:
+            chunks[i] = Chunk(fake, "jsonl", "text", i * size, (i + 1) * size)
+    idx = large.index
+    idx.adopt(chunks)
+    mean_docs = int(real.num_docs.mean())
+    mean_tokens = int(real.num_tokens.mean())
+    idx.num_docs[:], idx.num_tokens[:] = mean_docs, mean_tokens
+    for p in range(n_real):
+        big, small_id = int(order0[p]), int(real.order0[p])
+        idx.num_docs[big], idx.num_tokens[big] = real.num_docs[small_id], real.num_tokens[small_id]
+        idx.body_bytes[big] = real.body_bytes[small_id]
+    idx.units_per_chunk[:] = idx.num_tokens + idx.num_docs
+    idx.units_per_epoch = int(idx.units_per_chunk.sum())
+    idx.state = READY
+    large._ready.set()
+    # Steps whose rows lie in windows made of real chunks only (the last real window's rows
+    # read on into the next window: stop one window short).
+    real_units = int(idx.units_per_chunk[order0[: (n_real // WINDOW - 1) * WINDOW]].sum())
+    steps = real_units // SEQ_LEN // BATCH
+    io = ThreadPoolExecutor(2)
+    front = Front(config, jobs, io)
+    await front.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    write_ready(ready_file, {"address": front.address, "pid": os.getpid(), "steps": steps,
+                             "real_chunks": n_real, "large_chunks": LARGE_CHUNKS})  # fmt: skip
+    await stop.wait()
+    await front.drain()
+
+
+def measure(client: Client, job: str, steps: int, calls: int) -> list[float]:
+    out = []
+    for i in range(calls):
+        started = time.perf_counter()
+        client.get_batch(i % steps, job=job)
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def run(sizes: ScaleSizes, out: Path) -> str:
+    work = out / "scale"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    server = ServerProcess("scale", [sys.executable, "-m", "bench.scale", "serve",
+                                     "--work", str(work)], work)  # fmt: skip
+    address = server.start(600)
+    info = json.loads(server.ready_file.read_text())
+    steps = info["steps"]
+    lat: dict[str, list[float]] = {"small": [], "large": []}
+    try:
+        with Client(address) as c:
+            for job in lat:  # warm: every step's chunks opened and laid out, layouts made
+                measure(c, job, steps, steps)
+            for _ in range(sizes.rounds):
+                for job in lat:
+                    lat[job] += measure(c, job, steps, sizes.calls)
+    finally:
+        server.stop(30)
+    rows = []
+    for q in (50, 99):
+        s, large = percentile(lat["small"], q) * 1e3, percentile(lat["large"], q) * 1e3
+        ok = "met" if large / s <= TARGET else "missed"
+        rows.append([f"GetBatch p{q} (ms)", f"{s:.3f}", f"{large:.3f}", f"{large / s:.2f}",
+                     f"<= {TARGET} ({ok})"])  # fmt: skip
+    rows.append(["GetBatch median (ms)", f"{median(lat['small']) * 1e3:.3f}",
+                 f"{median(lat['large']) * 1e3:.3f}", "", ""])  # fmt: skip
+    return render(
+        f"GetBatch at corpus scale: {info['real_chunks']} real chunks vs an index of "
+        f"{info['large_chunks']:,} chunks whose first {info['real_chunks']} are those; "
+        f"[{BATCH}, {SEQ_LEN}] batches over gRPC, steps 0..{steps - 1}, "
+        f"{len(lat['small'])} calls per job in {sizes.rounds} alternating rounds",
+        ["", f"{info['real_chunks']} chunks", f"{LARGE_CHUNKS:,} chunks", "ratio", "target"],
+        rows,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", default="run", choices=("run", "serve"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--work", default="")
+    parser.add_argument("--ready-file", default="")
+    a = parser.parse_args()
+    if a.mode == "serve":
+        import uvloop
+
+        uvloop.run(_serve(Path(a.work), a.ready_file))
+        return
+    print(run(QUICK if a.quick else FULL, Path(__file__).resolve().parent / "out"))
+
+
+if __name__ == "__main__":
+    main()
