@@ -31,10 +31,13 @@ def test_inspect_prints_rows_decoded_back_to_text(tmp_path, texts):
         assert pieces and all(any(p in t for t in texts[:60]) for p in pieces), body[:200]
 
 
-def test_inspect_through_a_server_matches_local(server, corpus):
+def test_inspect_through_a_server_matches_local(server, corpus, tmp_path):
     cfg = server.log_path.parent / "tf.yaml"
+    # The server's cache directory is its own: a local inspect there refuses, naming --target.
+    busy = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4")
+    assert busy.returncode == 2 and "--target" in busy.stderr and "in use" in busy.stderr, busy
     local = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
-                      "--tokens", "32")  # fmt: skip
+                      "--tokens", "32", "--cache-dir", str(tmp_path / "own"))  # fmt: skip
     remote = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
                        "--tokens", "32", "--target", server.address)  # fmt: skip
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import uvloop
-from tokenfeed.server.cache import BlockFiles, DiskCache
+from tokenfeed.server.cache import BlockFiles, DiskCache, lock_directory
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.eviction import FutureUse
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 def build_jobs(config: Config) -> dict[str, Job]:
     """The jobs of a config over one disk cache, with the eviction policy that knows them."""
+    # The directory is this process's alone while it lives (its rescan removes partial writes).
+    lock_directory(Path(config.server.cache_dir), "this process")
     cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
     storage = Storage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)

@@ -15,9 +15,10 @@ import multiprocessing
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
-from tokenfeed.server.cache import DiskCache
+from tokenfeed.server.cache import DiskCache, lock_directory
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import JobFailedError
@@ -41,6 +42,8 @@ class Done:
 
 def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job:
     # An unbounded cache over the cache directory: the build's output is the whole store.
+    if scan:  # the parent owns the directory; its worker processes write into it
+        lock_directory(Path(config.server.cache_dir), "tokenfeed build")
     cache = DiskCache(config.server.cache_dir, 2**62)
     storage = Storage(config.object_store, None)
     shared = SharedStore(config.store, storage) if config.store.uri else None

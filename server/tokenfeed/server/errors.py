@@ -2,6 +2,7 @@
 
 TokenfeedError
 ├── ConfigError            a config file or value is invalid               (INVALID_ARGUMENT)
+│   └── CacheBusyError     the cache directory belongs to another process
 ├── RequestError           a request cannot be served as asked             (INVALID_ARGUMENT)
 ├── UnknownJobError        no job of that name                             (NOT_FOUND)
 ├── NotReadyError          the index a request needs is still being built  (UNAVAILABLE)
@@ -25,6 +26,10 @@ class TokenfeedError(Exception):
 
 class ConfigError(TokenfeedError):
     pass
+
+
+class CacheBusyError(ConfigError):
+    """Another process owns the cache directory (its lock file names the pid)."""
 
 
 class RequestError(TokenfeedError):
