@@ -73,9 +73,12 @@ def fetch_all(proc: ServerProcess, steps=STEPS) -> dict[int, dict[str, bytes]]:
 
 def dir_bytes(root: Path) -> int:
     """Bytes of the files under root, each inode once: a directory listing that races a rename
-    can show one file under its temporary and its final name."""
+    can show one file under its temporary and its final name. The owner's lock file (its pid,
+    a few bytes) is not cache content."""
     sizes = {}
     for p in root.rglob("*"):
+        if p.name == ".lock" and p.parent == root:
+            continue
         try:
             st = p.stat()
         except FileNotFoundError:  # renamed or evicted between listing and stat

@@ -86,6 +86,8 @@ class DiskCache:
         self._policy: Policy | None = None
         self._listeners: list[Callable[[EntryKey], None]] = []
         self._deleting: dict[EntryKey, threading.Event] = {}  # evicted, files not yet deleted
+        self._deleting_sizes: dict[EntryKey, int] = {}
+        self._deleting_bytes = 0  # their size: still on disk, so still counted against the budget
         # Running totals (lock held to change them): kind -> [entries, bytes]; all bytes; the
         # bytes of unevictable entries.
         self._totals: dict[str, list[int]] = {}
@@ -185,7 +187,7 @@ class DiskCache:
         with self._lock:
             if entry in self._pins or self._policy is None:
                 return True
-            excess = self._used + self._reserved + size - self.budget
+            excess = self._used + self._deleting_bytes + self._reserved + size - self.budget
             if excess <= 0:
                 return True
             candidates = [k for k, e in self._entries.items()
@@ -195,9 +197,18 @@ class DiskCache:
     @contextmanager
     def reserving(self, size: int, why: str) -> Iterator[None]:
         """Room for `size` bytes of files written inside the block (then `commit` them)."""
-        with self._lock:
-            evicted = self._make_room(size, why)
-            self._reserved += size
+        while True:
+            with self._lock:
+                try:
+                    evicted = self._make_room(size, why)
+                    self._reserved += size
+                    break
+                except CacheFullError:
+                    if not self._deleting:
+                        raise
+                    pending = list(self._deleting.values())  # room is being freed: wait
+            for done in pending:
+                done.wait(5.0)
         self._delete(evicted)
         try:
             yield
@@ -316,7 +327,7 @@ class DiskCache:
         """Evict until `size` more bytes fit (lock held): the evicted entries leave the
         accounting now; the caller deletes their files (`_delete`) once the lock is released.
         Walks the entries only when the budget is exceeded."""
-        used = self._used
+        used = self._used + self._deleting_bytes  # files of evicted entries not deleted yet count
         excess = used + self._reserved + size - self.budget
         if excess <= 0:
             return []
@@ -333,6 +344,8 @@ class DiskCache:
         for victim in victims:
             entry = self._pop_locked(victim)
             self._deleting[victim] = threading.Event()
+            self._deleting_sizes[victim] = entry.size
+            self._deleting_bytes += entry.size
             self.evictions += 1
             metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
             metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(entry.size)
@@ -347,6 +360,7 @@ class DiskCache:
                 self._kinds[victim[0]].delete(victim[1])
             finally:
                 with self._lock:
+                    self._deleting_bytes -= self._deleting_sizes.pop(victim)
                     self._deleting.pop(victim).set()
 
     def _victims(self, candidates: list[EntryKey], excess: int,
