@@ -246,3 +246,18 @@ def test_evicted_files_are_deleted_without_the_lock(tmp_path):
     assert seen and not any(seen), "files were deleted with the cache lock held"
     assert put_block(blocks, "k0", 300) == bytes([2]) * 300
     assert files_bytes(tmp_path) <= 1000
+
+
+def test_unreferenced_manifests_become_evictable(tmp_path):
+    cache = DiskCache(tmp_path, budget=10_000)
+    store = TokenStore(tmp_path, cache)
+    keys = [f"{i:032x}" for i in range(4)]
+    for k in keys:
+        tokens = np.arange(5, dtype=np.uint16)
+        store.put(k, tokens, np.array([5], dtype=np.int32), 1, {}, [], "test")
+    fixed = cache.recount()["manifest"][1]
+    with pytest.raises(CacheTooSmallError):  # the manifests are kept: they take the room
+        cache.claim("job", 10_000 - fixed + 1, "a job")
+    assert cache.release_unreferenced("manifest", lambda k: k in keys[:1]) == 3
+    cache.claim("job", 10_000 - fixed // 4 - 1, "a job")  # three manifests no longer count
+    assert cache.release_unreferenced("manifest", lambda k: k in keys[:1]) == 0

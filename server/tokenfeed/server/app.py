@@ -97,7 +97,28 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
     tasks = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
     tasks += [asyncio.create_task(job.prefetch(tokenize, config.server.prefetch_steps))
               for job in jobs.values()]  # fmt: skip
+    if jobs:
+        tasks.append(asyncio.create_task(release_old_manifests(jobs)))
     return tokenize, tasks
+
+
+async def release_old_manifests(jobs: dict[str, Job]) -> None:
+    """Once every job is planned: manifests of chunks no job reads any more (an object's old
+    version, a job removed from the config) stop counting as kept and become evictable. Not
+    when a job failed before planning: its chunks are unknown, so nothing is released."""
+    while any(not idx.chunks for job in jobs.values() for idx in job.indexes):
+        if any(job.state == "failed" for job in jobs.values()):
+            return
+        await asyncio.sleep(0.5)
+    indexes = [idx for job in jobs.values() for idx in job.indexes]
+    cache = next(iter(jobs.values())).store.cache
+
+    def referenced(key: str) -> bool:
+        return any(idx.keys.get(key) is not None for idx in indexes)
+
+    released = cache.release_unreferenced("manifest", referenced)
+    if released:
+        log.info("cache: %d manifests of chunks no job reads are evictable now", released)
 
 
 def write_ready(ready_file: str | None, ready: dict) -> None:

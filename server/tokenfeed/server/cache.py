@@ -257,6 +257,18 @@ class DiskCache:
         with self._lock:
             self._claims.pop(owner, None)
 
+    def release_unreferenced(self, kind: str, referenced: Callable[[str], bool]) -> int:
+        """Make the kept entries of `kind` that `referenced` disowns evictable (manifests of
+        chunks no configured job reads any more: an object's old version); the number.
+        Walks the entries: once, after every job is planned."""
+        with self._lock:
+            found = [(k, e) for k, e in self._entries.items()
+                     if k[0] == kind and not e.evictable and not referenced(k[1])]  # fmt: skip
+            for _, entry in found:
+                entry.evictable = True
+                self._fixed -= entry.size
+        return len(found)
+
     # ------------------------------------------------------------ state
 
     @property
