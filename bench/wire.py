@@ -63,6 +63,7 @@ class WireResult:
     before: dict = field(default_factory=dict)  # shape -> (tokens/s, CPU s per M tokens)
     workers: dict = field(default_factory=dict)  # workers -> [aggregate tokens/s per round]
     before_rev: str = ""
+    readers: int = 2
 
 
 def job_name(rows: int, seq_len: int) -> str:
@@ -225,19 +226,21 @@ def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResu
 
 
 def measure_workers(work: Path, corpus: Path, tokenizer: Path, sizes: WireSizes,
-                    result: WireResult) -> None:  # fmt: skip
+                    result: WireResult, counts: tuple[int, ...] = (1, 2),
+                    readers: int = 2) -> None:  # fmt: skip
     rows, seq_len = SHAPES[0]
     steps = max(sizes.tokens // (rows * seq_len), 10)
-    for n in (1, 2):
+    result.readers = readers
+    for n in counts:
         config = work / f"workers-{n}.yaml"
         write_config(config, corpus, tokenizer, work / "cache", n)  # built already: warm
         server = serve(work, f"workers-{n}", config)
         try:
             wait_ready(server.address)
             wrap = EPOCH_STEPS[(rows, seq_len)]
-            consumers(server.address, job_name(rows, seq_len), wrap, count=2, wrap=wrap)
+            consumers(server.address, job_name(rows, seq_len), wrap, count=readers, wrap=wrap)
             for _ in range(sizes.rounds):
-                got = consumers(server.address, job_name(rows, seq_len), steps, count=2,
+                got = consumers(server.address, job_name(rows, seq_len), steps, count=readers,
                                 wrap=wrap)  # fmt: skip
                 result.workers.setdefault(n, []).append(rate(got))
         finally:
@@ -274,7 +277,8 @@ def measure_before(work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: W
         server.stop(15)
 
 
-def run(sizes: WireSizes, out: Path, before: str = "") -> WireResult:
+def run(sizes: WireSizes, out: Path, before: str = "", workers: tuple[int, ...] = (1, 2),
+        readers: int = 2) -> WireResult:  # fmt: skip
     corpus, tokenizer, docs = democorpus.prepare(out / "democorpus")
     work = out / "wire"
     for stale in ("cache", "before-cache"):
@@ -284,7 +288,7 @@ def run(sizes: WireSizes, out: Path, before: str = "") -> WireResult:
     config = work / "tokenfeed.yaml"
     write_config(config, corpus, tokenizer, work / "cache", 1)
     measure_current(work, config, sizes, result)
-    measure_workers(work, corpus, tokenizer, sizes, result)
+    measure_workers(work, corpus, tokenizer, sizes, result, workers, readers)
     if before:
         measure_before(work, before, corpus, tokenizer, sizes, result)
     return result
@@ -323,10 +327,10 @@ def table(r: WireResult) -> str:
                   "M tok/s now"], cpu_rows)  # fmt: skip
     w = {n: median(v) for n, v in r.workers.items()}
     workers = render(
-        f"Serving workers, 2 consumer processes streaming ranks 0 and 1 of [{SHAPES[0][0]}, "
-        f"{SHAPES[0][1]}] (cores here: {len(os.sched_getaffinity(0))})",
-        ["server.workers", "aggregate M tokens/s", "vs 1 worker"],
-        [[str(n), number(v / 1e6, 1), f"{v / w[1]:.2f}"] for n, v in sorted(w.items())],
+        f"Serving workers, {r.readers} consumer processes streaming ranks 0..{r.readers - 1} of "
+        f"[{SHAPES[0][0]}, {SHAPES[0][1]}] (cores here: {len(os.sched_getaffinity(0))})",
+        ["server.workers", "aggregate M tokens/s", "vs the first"],
+        [[str(n), number(v / 1e6, 1), f"{v / w[min(w)]:.2f}"] for n, v in sorted(w.items())],
     )
     return "\n\n".join([main, cpu, workers])
 
@@ -335,9 +339,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--before", default="", help="also measure this earlier commit")
+    parser.add_argument("--workers", default="1,2", help="server.workers values to compare")
+    parser.add_argument("--readers", type=int, default=2, help="consumer processes")
     a = parser.parse_args()
     out = Path(__file__).resolve().parent / "out"
-    print(table(run(QUICK if a.quick else FULL, out, a.before)))
+    counts = tuple(int(n) for n in a.workers.split(","))
+    print(table(run(QUICK if a.quick else FULL, out, a.before, counts, a.readers)))
 
 
 if __name__ == "__main__":
