@@ -24,6 +24,7 @@ jax.numpy. JAX is imported only when `expand` is called.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,31 +36,43 @@ from tokenfeed.client.wire import TENSOR_NAMES, Compact
 
 def expand(compact: Compact | Batch, device: Any = None) -> dict[str, Any]:
     """The five int32 tensors [rows, seq_len] of a batch as jax Arrays on `device` (default:
-    JAX's default device), derived there from the compact form."""
+    JAX's default device), derived there from the compact form by one compiled function (one
+    compilation per batch shape and bucket of document counts: a power of two)."""
     import jax
-    import jax.numpy as jnp
 
     c = compact.compact if isinstance(compact, Batch) else compact
     L, rows = c.seq_len, c.rows
     row_of = np.repeat(np.arange(rows, dtype=np.int32), np.diff(c.row_splits))
+    flat = row_of * L + c.starts.astype(np.int32)
+    bucket = 1 << max(int(len(flat)) - 1, 0).bit_length()
+    padded = np.full(bucket, rows * L, dtype=np.int32)  # out of range: dropped
+    padded[: len(flat)] = flat
+    used = np.full(rows, L + 1, dtype=np.int32)
+    if c.padding is not None:
+        used -= c.padding.astype(np.int32)
     put = (lambda x: jax.device_put(x, device)) if device is not None else jax.device_put
-    tokens = put(np.ascontiguousarray(c.tokens)).astype(jnp.int32)
-    flat = put(row_of * L + c.starts.astype(np.int32))
-    mask = jnp.zeros(rows * L, dtype=bool).at[flat].set(True).reshape(rows, L)
-    mask = mask.at[:, 0].set(True)
-    col = jnp.arange(L, dtype=jnp.int32)
-    segment = jnp.cumsum(mask, axis=1, dtype=jnp.int32)
-    position = col - jax.lax.cummax(jnp.where(mask, col, 0), axis=1)
-    if c.padding is None:
-        loss = jnp.ones((rows, L), dtype=jnp.int32)
-    else:
-        used = (L + 1 - put(c.padding.astype(np.int32)))[:, None]
-        loss = (col + 1 < used).astype(jnp.int32)
-        segment = jnp.where(col < used, segment, 0)
-        position = jnp.where(col < used, position, 0)
-    out = {"input_ids": tokens[:, :L], "labels": tokens[:, 1:], "position_ids": position,
-           "segment_ids": segment, "loss_mask": loss}  # fmt: skip
-    return {name: out[name] for name in TENSOR_NAMES}
+    tokens = np.ascontiguousarray(c.tokens)
+    out = _kernel(rows, L)(put(tokens), put(padded), put(used))
+    return dict(zip(TENSOR_NAMES, out, strict=True))
+
+
+@functools.cache
+def _kernel(rows: int, seq_len: int):
+    import jax
+    import jax.numpy as jnp
+
+    def run(tokens, flat, used):
+        ids = tokens.astype(jnp.int32)
+        mask = jnp.zeros(rows * seq_len, dtype=bool).at[flat].set(True, mode="drop")
+        mask = mask.reshape(rows, seq_len).at[:, 0].set(True)
+        col = jnp.arange(seq_len, dtype=jnp.int32)
+        valid = col < used[:, None]
+        segment = jnp.where(valid, jnp.cumsum(mask, axis=1, dtype=jnp.int32), 0)
+        position = jnp.where(valid, col - jax.lax.cummax(jnp.where(mask, col, 0), axis=1), 0)
+        loss = (col + 1 < used[:, None]).astype(jnp.int32)
+        return ids[:, :seq_len], ids[:, 1:], position, segment, loss
+
+    return jax.jit(run)
 
 
 def host_batches(
