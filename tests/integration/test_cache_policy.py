@@ -15,6 +15,7 @@ import yaml
 from support import ServerProcess, job_spec, metric, scrape, write_config
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs
+from tokenfeed.server.eviction import next_use
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def first_use(job, start: int, steps: int) -> dict[str, int]:
 def test_next_use_agrees_with_the_batches_served(job, furthest):
     job.progress.furthest = furthest
     keys = job.index.keys
-    estimate = job.next_use(keys)
+    estimate = next_use(job, keys)
     actual = first_use(job, furthest, 3 * job.steps_per_epoch)
     assert set(estimate) == set(keys)
     never = set(keys) - set(actual)  # chunks that hold no unit of the stream

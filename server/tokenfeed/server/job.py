@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -39,10 +36,11 @@ from tokenfeed.server.errors import (
     StoreCorruptError,
     TokenfeedError,
 )
+from tokenfeed.server.explain import explain_rows
 from tokenfeed.server.index import FAILED, INDEXING, READY, DatasetIndex
+from tokenfeed.server.lru import LRU
 from tokenfeed.server.mixture import Phase, Schedule
 from tokenfeed.server.progress import Progress
-from tokenfeed.server.readers import locate_record
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokenize import TextTokenizer
@@ -52,49 +50,6 @@ log = logging.getLogger(__name__)
 
 MAX_STEP = 2**62
 __all__ = ["FAILED", "INDEXING", "MAX_STEP", "READY", "Job"]
-
-
-class _LRU:
-    """A small thread-safe LRU; `make` runs outside the lock (two threads may both make a
-    value on a miss: every value here is a pure function of its key, so either is right)."""
-
-    def __init__(self, capacity: int, budget_bytes: int = 0):
-        """`capacity` items; with `budget_bytes`, also at most that many bytes of values
-        (numpy arrays: their nbytes), always keeping the newest."""
-        self.capacity, self.budget = capacity, budget_bytes
-        self._items: OrderedDict = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def contains(self, key) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def keys(self) -> list:
-        with self._lock:
-            return list(self._items)
-
-    def discard(self, key) -> None:
-        with self._lock:
-            self._bytes -= self._size(self._items.pop(key, None))
-
-    def _size(self, value) -> int:
-        return int(getattr(value, "nbytes", 0)) if self.budget else 0
-
-    def get_or_make(self, key, make: Callable):
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = make()
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = value
-                self._bytes += self._size(value)
-            while len(self._items) > 1 and (len(self._items) > self.capacity or
-                                            self.budget and self._bytes > self.budget):  # fmt: skip
-                self._bytes -= self._size(self._items.popitem(last=False)[1])
-        return value
 
 
 @dataclass(frozen=True)
@@ -139,14 +94,14 @@ class Job:
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
         self._ready = asyncio.Event()
-        self._layouts = _LRU(4 * len(self.indexes))
-        self._streams = _LRU(512)
-        self._windows = _LRU(16 * len(self.indexes))
-        self._open = _LRU(256)
+        self._layouts = LRU(4 * len(self.indexes))
+        self._streams = LRU(512)
+        self._windows = LRU(16 * len(self.indexes))
+        self._open = LRU(256)
         # Concat streams materialised per (dataset, epoch, chunk): a row is then one slice copy
         # per chunk it touches (bench/, wire section: [32, 4096] batches at about 3x the rate of
         # gathering token by token), for this much memory.
-        self._materialised = _LRU(4096, stream_cache_bytes)
+        self._materialised = LRU(4096, stream_cache_bytes)
         self._fingerprint = ""
         self.progress = Progress()
         self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
@@ -365,11 +320,11 @@ class Job:
             for epoch in dict.fromkeys(epochs.tolist()):
                 sel = epochs == epoch
                 natural[sel] = order.natural_rows(
-                    self._layout(d, epoch), rows[sel],
+                    self.layout(d, epoch), rows[sel],
                     lambda w, d=d, e=epoch: self._window_perm(d, e, w),
                 )  # fmt: skip
             pieces = order.locate_units(natural * idx.per_row, idx.span, idx.units_per_epoch,
-                                        lambda e, d=d: self._layout(d, e))  # fmt: skip
+                                        lambda e, d=d: self.layout(d, e))  # fmt: skip
             parts.append(PlanPart(d, mine, epochs, pieces))
         return Plan(per_rank, parts)
 
@@ -443,64 +398,6 @@ class Job:
             self._failure = error
             log.error("job %s failed: %s", self.name, error)
 
-    def next_use(self, keys: list[str]) -> dict[str, float]:
-        """For the chunks among `keys` that this job reads: steps from its furthest request
-        until it next needs them (eviction.py). Pure arithmetic over the epoch layouts."""
-        if self.state == FAILED:
-            return {}
-        step = max(self.progress.furthest, 0)
-        consumed, per_step = self.schedule.consumed(step), self.schedule.counts(step)
-        out: dict[str, float] = {}
-        for d, idx in enumerate(self.indexes):
-            found = (idx.keys.get(k) for k in keys)
-            ids = np.array([c for c in found if c is not None], dtype=np.int64)
-            if not ids.size:
-                continue
-            if idx.state != READY:
-                # Rows per chunk are not all known yet: rank by place in epoch 0's chunk order
-                # (the order of the build and of the first steps).
-                order_keys = order.round_keys("chunks", self.spec.seed, idx.dataset.name, 0)
-                places = order.permute(ids, len(idx.chunks), order_keys, inverse=True)
-                out.update(zip((idx.keys[c] for c in ids.tolist()), places.tolist(), strict=True))
-                continue
-            rows = self._rows_until(d, ids, int(consumed[d]))
-            rows[idx.units_per_chunk[ids] == 0] = np.inf  # holds no unit: never read
-            steps = rows / per_step[d] if per_step[d] else np.full(len(ids), np.inf)
-            out.update(zip((idx.keys[c] for c in ids.tolist()), steps.tolist(), strict=True))
-        return out
-
-    def _rows_until(self, d: int, ids: np.ndarray, position: int) -> np.ndarray:
-        """Rows of dataset d from row `position` until the window that first reads each chunk
-        starts (0 if it is being read), in this epoch or else the next. A chunk is first read
-        by the row holding its first unit, or by an earlier row reading on into it, which may
-        be served in an earlier window (or epoch)."""
-        idx, window = self.indexes[d], self.spec.window_chunks
-        q, span, total = idx.per_row, idx.span, idx.units_per_epoch
-        epoch = int(order.epoch_of_row(position, total, q))
-        dist = np.full(len(ids), np.inf)
-        for e in (epoch, epoch + 1):
-            layout = self._layout(d, e)
-            keys = order.round_keys("chunks", self.spec.seed, idx.dataset.name, e)
-            p = order.permute(ids, len(idx.chunks), keys, inverse=True)
-            end = layout.window_rows[p // window + 1]  # its own window's rows end here
-            first_unit = e * total + layout.units_cum[p]
-            reader = np.maximum(-((span - 1 - first_unit) // q), 0)  # ceil((u - span + 1) / q)
-            start = self._window_start(d, reader)
-            todo = np.isinf(dist) & (end > position)
-            dist[todo] = np.maximum(start[todo] - position, 0)
-        return dist
-
-    def _window_start(self, d: int, rows: np.ndarray) -> np.ndarray:
-        """The first row of the window in which each row is served."""
-        idx = self.indexes[d]
-        epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
-        out = np.empty_like(rows)
-        for e in dict.fromkeys(epochs.tolist()):
-            sel = epochs == e
-            starts = self._layout(d, e).window_rows
-            out[sel] = starts[np.searchsorted(starts, rows[sel], side="right") - 1]
-        return out
-
     # ---------------------------------------------------------------- chunks
 
     def chunk_keys(self, plan) -> list[tuple[str, str]]:
@@ -550,7 +447,7 @@ class Job:
                                                           self.wire_dtype)  # fmt: skip
         ids, starts = packing.assemble_concat(
             plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
-            self._stream, self._stream_ids, self.wire_dtype,
+            self.stream, self._stream_ids, self.wire_dtype,
         )  # fmt: skip
         return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
@@ -566,7 +463,7 @@ class Job:
             pc = part.pieces  # one piece per row: `lo` is the row within its chunk
             for c in dict.fromkeys(pc.chunk.tolist()):
                 sel = pc.chunk == c
-                chunk, layout = self._chunk(part.dataset, c), self._bestfit(part.dataset, c)
+                chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c)
                 tokens = self._bestfit_tokens(part.dataset, c)
                 rows = bestfit.bestfit_rows_at(layout, chunk.doc_offsets, tokens, pc.lo[sel],
                                                s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
@@ -579,48 +476,9 @@ class Job:
         run it off the event loop)."""
         plan = self.plan(step, rank, world_size)
         with self.pinned(plan):
-            return self._explain(plan)
+            return explain_rows(self, plan)
 
-    def _explain(self, plan: Plan) -> list[dict]:
-        rows: list[dict] = [{} for _ in range(plan.rows)]
-        for part in plan.parts:
-            d, pc = part.dataset, part.pieces
-            idx = self.indexes[d]
-            for slot, epoch in zip(part.slots.tolist(), part.epochs.tolist(), strict=True):
-                rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch,
-                              "pieces": []}  # fmt: skip
-            for i in np.argsort(pc.row * (self.spec.seq_len + 1) + pc.at, kind="stable"):
-                r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
-                self._chunk(d, c)  # its body (and provenance) in the cache
-                provenance = self.store.provenance(idx.keys[c])
-                pieces = self._pieces(d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
-                for doc, ts, te, rs, re in pieces:
-                    uri, where = locate_record(idx.storage, idx.chunks[c], provenance,
-                                               int(provenance.record_ids[doc]))  # fmt: skip
-                    rows[int(part.slots[r])]["pieces"].append((uri, where, ts, te, rs, re))
-        return rows
-
-    def _pieces(self, d: int, epoch: int, c: int, lo: int, hi: int, at: int
-                ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
-        """(document, token start, token end, row start, row end) of the documents in a piece
-        of chunk c (units [lo, hi) from row position `at`)."""
-        s, bos = self.spec, int(self.tokenizer.add_bos)
-        if s.packing != "best_fit":
-            return packing.concat_pieces(self._stream(d, epoch, c), lo, hi, at, s.seq_len)
-        r = lo  # a best_fit unit is a whole row
-        layout = self._bestfit(d, c)
-        lengths = self._chunk(d, c).doc_lengths
-        out = []
-        for p in range(int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])):
-            doc, off = int(layout.doc[p]), int(layout.offset[p])
-            start, length = int(layout.start[p]), int(layout.length[p])
-            a, b = max(off, bos), min(off + length, bos + int(lengths[doc]))  # body slots
-            ra, rb = start + a - off, min(start + b - off, s.seq_len)  # inputs only
-            if ra < rb:
-                out.append((doc, a - bos, a - bos + rb - ra, ra, rb))
-        return out
-
-    def _layout(self, d: int, epoch: int) -> order.EpochLayout:
+    def layout(self, d: int, epoch: int) -> order.EpochLayout:
         """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over
         its built windows (chunks not built yet count 0 rows, after them); it is keyed by how
         many windows are built, so it is remade as the build advances."""
@@ -635,10 +493,10 @@ class Job:
         return self._layouts.get_or_make((d, epoch, version), make)
 
     def _window_perm(self, d: int, epoch: int, w: int) -> np.ndarray:
-        layout = self._layout(d, epoch)
+        layout = self.layout(d, epoch)
         return self._windows.get_or_make((d, epoch, w), lambda: order.window_order(layout, w))
 
-    def _chunk(self, d: int, c: int) -> TokenChunk:
+    def chunk(self, d: int, c: int) -> TokenChunk:
         return self._open.get_or_make((d, c), lambda: self._load(d, c))
 
     def _load(self, d: int, c: int) -> TokenChunk:
@@ -674,9 +532,9 @@ class Job:
             )
         return chunk
 
-    def _stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
+    def stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
         def make() -> packing.ChunkStream:
-            chunk, s, name = self._chunk(d, c), self.spec, self.indexes[d].dataset.name
+            chunk, s, name = self.chunk(d, c), self.spec, self.indexes[d].dataset.name
             doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
             return packing.concat_stream(chunk.doc_offsets, chunk.doc_lengths, doc_order,
                                          self.tokenizer.add_bos)  # fmt: skip
@@ -688,7 +546,7 @@ class Job:
 
         def make() -> np.ndarray:
             t = self.tokenizer
-            return packing.materialise(self._stream(d, epoch, c), self._verified(d, c).tokens,
+            return packing.materialise(self.stream(d, epoch, c), self._verified(d, c).tokens,
                                        t.bos_id, t.eos_id, self.wire_dtype)  # fmt: skip
 
         return self._materialised.get_or_make((d, epoch, c), make)
@@ -699,7 +557,7 @@ class Job:
         while the server runs is found at the next copy, and the chunk rebuilt, never served."""
         self.store.forget_verified(self.indexes[d].keys[c])
         self._open.discard((d, c))
-        return self._chunk(d, c)
+        return self.chunk(d, c)
 
     def _bestfit_tokens(self, d: int, c: int) -> np.ndarray:
         """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
@@ -707,10 +565,10 @@ class Job:
             (d, -1, c), lambda: np.array(self._verified(d, c).tokens)
         )
 
-    def _bestfit(self, d: int, c: int) -> bestfit.BestFitLayout:
+    def bestfit_layout(self, d: int, c: int) -> bestfit.BestFitLayout:
         # best-fit rows do not depend on the epoch's document order (the rows are permuted)
         def make() -> bestfit.BestFitLayout:
-            lengths = self._chunk(d, c).doc_lengths
+            lengths = self.chunk(d, c).doc_lengths
             return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.tokenizer.add_bos)
 
         return self._streams.get_or_make((d, -1, c), make)
