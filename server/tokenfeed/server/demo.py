@@ -80,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server: pid {proc.pid} on {address}")
     try:
         with Client(address, job="demo", timeout=120) as feed:
-            batch = feed.get_batch(0, rank=0, world_size=2)  # waits out the index build
+            batch = feed.get_batch(0, rank=0, world_size=2)  # served while the index builds
             info = feed.describe()
+            deadline = time.monotonic() + 120
+            while info["state"] == "JOB_STATE_INDEXING" and time.monotonic() < deadline:
+                time.sleep(0.1)  # the sizes below are the whole corpus's once it is built
+                info = feed.describe()
             print(f"job demo: {info['num_chunks']} chunks, {info['num_documents']} documents, "
                   f"{info['num_tokens']} tokens, {info['steps_per_epoch']} steps per epoch, "
                   f"fingerprint {info['fingerprint']}")  # fmt: skip
