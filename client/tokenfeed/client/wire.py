@@ -87,6 +87,15 @@ def compact_from_flat_starts(tokens: np.ndarray, starts: np.ndarray) -> Compact:
     return Compact(tokens, (starts % width).astype(position_dtype(width - 1)), splits, None)
 
 
+def slice_rows(c: Compact, lo: int, hi: int) -> Compact:
+    """Rows [lo, hi) of a compact batch (views where possible)."""
+    a, b = int(c.row_splits[lo]), int(c.row_splits[hi])
+    padding = None if c.padding is None else c.padding[lo:hi]
+    if padding is not None and not padding.any():
+        padding = None
+    return Compact(c.tokens[lo:hi], c.starts[a:b], c.row_splits[lo : hi + 1] - a, padding)
+
+
 def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> Compact:
     """From the five int32 tensors (the inverse of `expand`): tokens are the inputs plus the
     last label, starts are where `position_ids` is 0 among the row's tokens, padding is what

@@ -451,6 +451,28 @@ class Job:
         )  # fmt: skip
         return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
+    def assemble_many(self, plans: list[Plan]) -> list[tuple[int, wire.Compact]]:
+        """`assemble` of several plans (a stream's next steps) in one pass over their rows:
+        the per-call costs of planning the copies are paid once (bench/, wire section)."""
+        if len(plans) == 1:
+            return [self.assemble(plans[0])]
+        parts, offset = [], 0
+        for plan in plans:
+            parts += [PlanPart(p.dataset, p.slots + offset, p.epochs, p.pieces)
+                      for p in plan.parts]  # fmt: skip
+            offset += plan.rows
+        _, whole = self.assemble(Plan(offset, parts))
+        out, first = [], 0
+        for plan in plans:
+            epoch = 0
+            for part in plan.parts:
+                hit = np.nonzero(part.slots == 0)[0]
+                if hit.size:
+                    epoch = int(part.epochs[hit[0]])
+            out.append((epoch, wire.slice_rows(whole, first, first + plan.rows)))
+            first += plan.rows
+        return out
+
     @property
     def wire_dtype(self) -> np.dtype:
         return wire.token_dtype(self.tokenizer.vocab_size)
