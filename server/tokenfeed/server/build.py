@@ -65,9 +65,31 @@ def _init_worker(config: Config, name: str, keep: bool) -> None:
 
 
 def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
-    """In a worker: chunk i of dataset d. Its tokens depend on the chunk alone (its key is its
-    content address), so the worker indexes it as a one-chunk plan."""
-    idx = _worker.indexes[d]
+    """In a worker process."""
+    return build_chunk(_worker, d, i, chunk)
+
+
+def chunk_builder(config: Config, name: str) -> Job:
+    """A job that builds chunks another process planned (`build_chunk`): a `tokenfeed build`
+    worker process, or a Ray task (raybuild.py). It keeps only manifests locally when the
+    config has a shared store, and leaves the local store's scan to the planner."""
+    return _job(config, name, not config.store.uri, scan=False)
+
+
+def planned_job(config: Config, name: str) -> Job:
+    """The job with every dataset's sources listed and its chunks planned (and, with a shared
+    store, its inputs checked against the store's): what the builders are handed."""
+    job = _job(config, name, not config.store.uri)
+    for idx in job.indexes:
+        idx._plan()
+    return job
+
+
+def build_chunk(job: Job, d: int, i: int, chunk: Chunk) -> Done:
+    """Chunk i of dataset d, planned elsewhere, into `job`'s store (and published to the shared
+    store): read from the store when it is there already, else tokenized. Its tokens depend on
+    the chunk alone (its key is its content address), so it is indexed as a one-chunk plan."""
+    idx = job.indexes[d]
     idx.adopt([chunk])
     key = idx.keys[0]
     had = idx.store.get_index(key) is not None or (
@@ -129,15 +151,13 @@ def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stde
         pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                       initargs=(config, name, keep))  # fmt: skip
         with pool:
-            tokenized += _build_job(config, name, keep, workers, pool, out)
+            tokenized += _build_job(config, name, workers, pool, out)
     return tokenized
 
 
-def _build_job(config: Config, name: str, keep: bool, workers: int,
-               pool: cf.ProcessPoolExecutor, out: TextIO) -> int:  # fmt: skip
-    job = _job(config, name, keep)
-    for idx in job.indexes:
-        idx._plan()
+def _build_job(config: Config, name: str, workers: int, pool: cf.ProcessPoolExecutor,
+               out: TextIO) -> int:  # fmt: skip
+    job = planned_job(config, name)
     todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
     # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
     before = {(d, i) for d, i in todo

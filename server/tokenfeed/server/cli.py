@@ -62,6 +62,11 @@ def cmd_build(args) -> int:
     logs.configure("text", logging.WARNING)
     cfg = _load(args)
     names = [cfg.job(args.job).name] if args.job else cfg.job_names()
+    if args.ray is not None:
+        from tokenfeed.server.raybuild import build_on_ray
+
+        build_on_ray(cfg, names, args.ray, args.workers)
+        return 0
     build(cfg, names, args.workers or os.cpu_count() or 1)
     return 0
 
@@ -138,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build", help="tokenize the token store offline, on every core")
     p.add_argument("--config", required=True, help="YAML or TOML config file")
     p.add_argument("--job", help="one job (default: every job of the config)")
-    p.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="processes (default: one per core); with --ray and no ADDRESS, the "
+                        "local Ray's CPUs")  # fmt: skip
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="tokenize as Ray tasks on the cluster at ADDRESS (a local Ray when "
+                        "none is given) into the shared store (store.uri, required)")  # fmt: skip
     p.add_argument("--cache-dir", help="override server.cache_dir (the local store)")
     p.set_defaults(fn=cmd_build)
 
