@@ -24,6 +24,7 @@ from bench import (
     mixture,
     objstore,
     packing,
+    raybuild,
     scale,
     served,
     serving,
@@ -46,7 +47,7 @@ TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
 SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store",
-            "smallobjects", "wire", "served", "scale")  # fmt: skip
+            "smallobjects", "wire", "served", "scale", "raybuild")  # fmt: skip
 SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
@@ -439,6 +440,8 @@ def main() -> None:
         print(served.run(args.quick, OUT) + "\n", flush=True)
     if "scale" in only:  # GetBatch p50/p99 with 100 and 300,000 chunks
         print(scale.run(scale.QUICK if args.quick else scale.FULL, OUT) + "\n", flush=True)
+    if "raybuild" in only:  # tokenfeed build --ray on a local cluster vs --workers
+        print(raybuild.run(args.quick) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 
