@@ -107,6 +107,27 @@ class TlsSpec:
 
 
 @dataclass(frozen=True)
+class LimitsSpec:
+    """Bounds on what clients may ask of a serving process (docs/configuration.md, limits)."""
+
+    # Requests are a job name and a few integers: tens of bytes. 64 KiB leaves room for any
+    # job name while a client can no longer make the server buffer a gigabyte.
+    max_request_bytes: int = 64 * 1024
+    # RPCs in flight at once (unary calls and open streams together); past it, RESOURCE_
+    # EXHAUSTED. 1024: every rank of a large run on one server, with room for retries.
+    max_concurrent_rpcs: int = 1024
+    # HTTP/2 streams per connection: a client multiplexing more waits for one to finish.
+    max_streams_per_connection: int = 256
+    # Server pings an idle connection every keepalive_seconds and drops it if no answer comes
+    # in keepalive_timeout_seconds; clients may ping as often as every min_ping_seconds.
+    keepalive_seconds: float = 60.0
+    keepalive_timeout_seconds: float = 20.0
+    min_ping_seconds: float = 5.0
+    # A connection with no call for this long is closed (the client reconnects when needed).
+    idle_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
 class AuthSpec:
     """Bearer tokens every call but the health checks must carry (auth.py). The accepted set is
     the union of the file's tokens and the variable's."""
@@ -139,6 +160,7 @@ class ServerSpec:
     health_listen: str = ""
     tls: TlsSpec = field(default_factory=TlsSpec)
     auth: AuthSpec = field(default_factory=AuthSpec)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
     # Serving processes on the listen port (workers.py). 1: one process owns the cache and
     # serves, as a sidecar beside one trainer wants. More (or `auto`: the CPUs this process
     # may use, capped by its cgroup's CPU quota): a supervisor owns the cache and that many
@@ -398,6 +420,7 @@ def _server(raw: Any, base: Path) -> ServerSpec:
         health_listen=s.opt_str("health_listen") or "",
         tls=_tls(s.get("tls"), base),
         auth=_auth(s.get("auth"), base),
+        limits=_limits(s.get("limits")),
         workers=_workers(s),
         stream_ahead=s.int("stream_ahead", ServerSpec.stream_ahead, minimum=1),
         stream_cache_bytes=parse_size(
@@ -439,6 +462,27 @@ def _tls(raw: Any, base: Path) -> TlsSpec:
                    key_file=resolve(s.str("key_file"), base),
                    client_ca_file=resolve(ca, base) if ca else "")  # fmt: skip
     s.done()
+    return spec
+
+
+def _limits(raw: Any) -> LimitsSpec:
+    s, d = Section(raw if raw is not None else {}, "server.limits"), LimitsSpec
+    spec = LimitsSpec(
+        max_request_bytes=parse_size(s.get("max_request_bytes", d.max_request_bytes),
+                                     s.path("max_request_bytes")),
+        max_concurrent_rpcs=s.int("max_concurrent_rpcs", d.max_concurrent_rpcs, minimum=1),
+        max_streams_per_connection=s.int("max_streams_per_connection",
+                                         d.max_streams_per_connection, minimum=1),
+        keepalive_seconds=s.number("keepalive_seconds", d.keepalive_seconds, minimum=1.0),
+        keepalive_timeout_seconds=s.number("keepalive_timeout_seconds",
+                                           d.keepalive_timeout_seconds, minimum=1.0),
+        min_ping_seconds=s.number("min_ping_seconds", d.min_ping_seconds, minimum=0.0),
+        idle_seconds=s.number("idle_seconds", d.idle_seconds, minimum=1.0),
+    )  # fmt: skip
+    s.done()
+    if spec.max_request_bytes < 1024:
+        raise ConfigError(f"{s.path('max_request_bytes')}: {spec.max_request_bytes} bytes cannot "
+                          "hold a request; expected at least 1KiB")  # fmt: skip
     return spec
 
 

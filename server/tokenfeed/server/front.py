@@ -19,9 +19,8 @@ from tokenfeed.server import auth, metrics
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.job import Job
-from tokenfeed.server.service import TokenFeedServicer
+from tokenfeed.server.service import TokenFeedServicer, register
 from tokenfeed.v1 import tokenfeed_pb2 as pb
-from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,23 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+
+
+def server_options(config: Config, reuse_port: bool) -> list[tuple[str, int]]:
+    """The gRPC core options of the serving port: server.limits (docs/configuration.md)."""
+    lim = config.server.limits
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", lim.max_request_bytes),
+        ("grpc.max_concurrent_streams", lim.max_streams_per_connection),
+        ("grpc.keepalive_time_ms", int(lim.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int(lim.keepalive_timeout_seconds * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(lim.min_ping_seconds * 1000)),
+        ("grpc.http2.max_ping_strikes", 0),  # clients' pings within the limits never refused
+        ("grpc.max_connection_idle_ms", int(lim.idle_seconds * 1000)),
+        ("grpc.so_reuseport", int(reuse_port)),
+    ]
 
 
 def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None,
@@ -67,11 +83,13 @@ class Front:
                  reuse_port: bool = False):  # fmt: skip
         self.config, self.jobs = config, jobs
         credentials, interceptors = _security(config)
-        options = [*GRPC_OPTIONS[:-1], ("grpc.so_reuseport", int(reuse_port))]
-        self.server = grpc.aio.server(options=options, interceptors=interceptors)
+        self.server = grpc.aio.server(
+            options=server_options(config, reuse_port), interceptors=interceptors,
+            maximum_concurrent_rpcs=config.server.limits.max_concurrent_rpcs,
+        )  # fmt: skip
         servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds, io,
                                      config.server.stream_ahead)  # fmt: skip
-        pb_grpc.add_TokenFeedServicer_to_server(servicer, self.server)
+        register(servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

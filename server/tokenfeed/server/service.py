@@ -10,6 +10,7 @@ import time
 from concurrent.futures import Executor
 
 import grpc
+from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
 from tokenfeed.server.job import MAX_STEP, READY, Job, Plan
@@ -58,6 +59,62 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     await context.abort(code, message)
 
 
+class Malformed:
+    """A request whose bytes are not the message (truncated, mutated, invalid UTF-8 in a
+    string): deserialized as this, so the servicer answers INVALID_ARGUMENT saying so."""
+
+    job = None  # what the auth interceptor's job check reads
+
+    def __init__(self, what: str, error: Exception):
+        self.why = f"malformed {what}: {str(error)[:200]}"
+
+
+def _parse(message):
+    def parse(data: bytes):
+        try:
+            return message.FromString(data)
+        except DecodeError as e:
+            return Malformed(message.DESCRIPTOR.name, e)
+
+    return parse
+
+
+def _well_formed(request) -> None:
+    if isinstance(request, Malformed):
+        raise errors.RequestError(request.why)
+
+
+MAX_NAME_IN_MESSAGES = 64
+
+
+def shown(name: str) -> str:
+    """A name as error messages quote it: cut when long, so no message echoes a huge input."""
+    if len(name) <= MAX_NAME_IN_MESSAGES:
+        return repr(name)
+    return f"{name[:MAX_NAME_IN_MESSAGES]!r}… ({len(name)} characters)"
+
+
+def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
+    """The TokenFeed service on `server`, with request parsers that turn undecodable bytes into
+    INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    handlers = {
+        "GetBatch": unary(servicer.GetBatch, _parse(pb.GetBatchRequest),
+                          pb.Batch.SerializeToString),
+        "StreamBatches": stream(servicer.StreamBatches, _parse(pb.StreamBatchesRequest),
+                                pb.Batch.SerializeToString),
+        "DescribeJob": unary(servicer.DescribeJob, _parse(pb.DescribeJobRequest),
+                             pb.JobInfo.SerializeToString),
+        "ListJobs": unary(servicer.ListJobs, _parse(pb.ListJobsRequest),
+                          pb.ListJobsResponse.SerializeToString),
+        "Explain": unary(servicer.Explain, _parse(pb.GetBatchRequest),
+                         pb.Explanation.SerializeToString),
+    }  # fmt: skip
+    name = pb.DESCRIPTOR.services_by_name["TokenFeed"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 def _unary(method):
     name = method.__name__
 
@@ -65,6 +122,7 @@ def _unary(method):
     async def wrapper(self, request, context):
         started = time.perf_counter()
         try:
+            _well_formed(request)
             reply = await method(self, request, context)
         except Exception as exc:  # every failure becomes a status; none reaches grpc raw
             metrics.REQUESTS.labels(name, status_for(exc).name).inc()
@@ -89,9 +147,9 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             raise errors.RequestError("job is required; ListJobs names the jobs of this server")
         job = self.jobs.get(name)
         if job is None:
-            raise errors.UnknownJobError(
-                f"unknown job {name!r}; this server has {sorted(self.jobs)}"
-            )
+            known = sorted(self.jobs)
+            listed = ", ".join(map(shown, known[:20])) + (" …" if len(known) > 20 else "")
+            raise errors.UnknownJobError(f"unknown job {shown(name)}; this server has {listed}")
         return job
 
     def _wait(self, context) -> float:
@@ -104,6 +162,11 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
         job = self._job(name)
+        # Requests carry 64-bit integers: refuse what no batch could mean, never cut it.
+        if not 1 <= world_size < 2**31:
+            raise errors.RequestError(f"world_size must be in [1, 2**31), got {world_size}")
+        if not 0 <= rank < world_size:
+            raise errors.RequestError(f"rank must be in [0, {world_size}), got {rank}")
         job.check_request(step, rank, world_size)
         return job
 
@@ -147,6 +210,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
         try:
+            _well_formed(request)
             ws = request.world_size or 1
             job = self._checked_job(request.job, request.start_step, request.rank, ws)
             end = request.end_step or MAX_STEP // job.spec.global_batch_size
