@@ -153,7 +153,7 @@ def client_table(r: ClientResult) -> str:
     )
     notes = (
         "protobuf parse: pb.Batch.FromString of the serialized message (gRPC does it once)\n"
-        "Batch(msg...): views over the compact wire form, with and without the xxh3-128 fingerprint\n"
+        "Batch(msg...): views over the compact wire form, with and without its xxh3 fingerprint\n"
         "hand-off: one put + get of a Batch through a bounded queue.Queue(4) between threads\n"
         "iter_batches flat out: wall time per batch from one server, no compute (server-bound)"
     )
