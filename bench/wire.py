@@ -40,6 +40,7 @@ from bench.table import number, render
 
 SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len): the issue's two batch shapes
 TARGETS = {(8, 2048): 0.5, (32, 4096): 0.8}
+COPIES = 16  # of the demo corpus: about 5 M tokens, 37 steps of [32, 4096] per epoch
 START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
 
 
@@ -277,13 +278,26 @@ def measure_before(work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: W
         server.stop(15)
 
 
+def corpus_of(work: Path) -> tuple[Path, int]:
+    """The demo documents COPIES times over (made once): epochs long enough that a stream
+    of [32, 4096] batches runs for many steps between epoch turns, as on a real corpus."""
+    corpus, marker = work / "corpus", work / "corpus.done"
+    docs = democorpus.documents() * COPIES
+    if not marker.exists():
+        shutil.rmtree(corpus, ignore_errors=True)
+        democorpus.write_corpus(corpus, docs)
+        marker.write_text(str(len(docs)))
+    return corpus, len(docs)
+
+
 def run(sizes: WireSizes, out: Path, before: str = "", workers: tuple[int, ...] = (1, 2),
         readers: int = 2) -> WireResult:  # fmt: skip
-    corpus, tokenizer, docs = democorpus.prepare(out / "democorpus")
+    _, tokenizer, _ = democorpus.prepare(out / "democorpus")
     work = out / "wire"
+    work.mkdir(parents=True, exist_ok=True)
+    corpus, docs = corpus_of(work)
     for stale in ("cache", "before-cache"):
         shutil.rmtree(work / stale, ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
     result = WireResult(docs, before_rev=before)
     config = work / "tokenfeed.yaml"
     write_config(config, corpus, tokenizer, work / "cache", 1)
