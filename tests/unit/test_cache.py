@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenfeed.server.cache import BlockFiles, DiskCache
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from tokenfeed.server.cache import BlockFiles, DiskCache, Kind
 from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
 from tokenfeed.server.tokstore import TokenStore
 
@@ -155,31 +159,99 @@ def test_claims_refuse_a_working_set_the_budget_cannot_hold(tmp_path):
 # -- O(1) per request: running totals, no walk on the serving path, deletion without the lock
 
 
-def test_running_totals_equal_a_recount_under_any_sequence(tmp_path):
-    import random
+def check_totals(cache: DiskCache, root: Path) -> None:
+    """The running totals equal a recount, entry by entry, and nothing is left half-deleted."""
+    counted = cache.recount()
+    assert cache.usage() == counted
+    assert cache.used == sum(b for _, b in counted.values())
+    entries = dict(cache._entries)
+    assert cache._fixed == sum(e.size for e in entries.values() if not e.evictable)
+    assert set(cache._evictable) == {k for k, e in entries.items() if e.evictable}
+    assert not cache._deleting and cache._deleting_bytes == 0
+    assert files_bytes(root) <= cache.budget
 
-    rng = random.Random(7)
-    cache = DiskCache(tmp_path, budget=5000)
-    blocks = BlockFiles(cache)
-    store = TokenStore(tmp_path, cache)
-    keys = [f"k{i}" for i in range(40)]
-    for i in range(600):
-        op = rng.random()
-        key = rng.choice(keys)
-        if op < 0.5:
-            put_block(blocks, key, rng.randrange(10, 400))
-        elif op < 0.6:
-            cache.remove("block", key, "test")
-        elif op < 0.8:
-            with cache.pinned([("block", key), ("block", rng.choice(keys))]):
-                put_block(blocks, rng.choice(keys), rng.randrange(10, 400))
-        else:
-            tokens = np.arange(rng.randrange(1, 50), dtype=np.uint16)
-            key = f"{rng.randrange(3):032x}"  # manifests are kept: a few keys, rewritten
-            store.put(key, tokens, np.array([len(tokens)], dtype=np.int32), 1, {}, [], "test")
-        assert cache.usage() == cache.recount(), f"after operation {i}"
-        assert cache.used == sum(b for _, b in cache.recount().values())
-        assert files_bytes(tmp_path) <= 5000
+
+KEYS = [f"{i:032x}" for i in range(12)]  # valid token-chunk keys, also used as block keys
+_OP_ARGS = {
+    "block": st.tuples(st.sampled_from(KEYS), st.integers(1, 900)),
+    "chunk": st.tuples(st.sampled_from(KEYS[:4]), st.integers(1, 120)),
+    "remove": st.tuples(st.sampled_from(["block", "chunk", "manifest"]), st.sampled_from(KEYS)),
+    "pin": st.tuples(st.sampled_from(["block", "chunk"]), st.sampled_from(KEYS)),
+    "unpin": st.tuples(),
+    "release": st.tuples(st.sets(st.sampled_from(KEYS[:4]))),
+    "rescan": st.tuples(),
+}
+# Mostly writes, so the budget is exceeded often.
+OPS = st.sampled_from(
+    ["block"] * 4 + ["chunk"] * 2 + ["remove", "pin", "unpin", "release", "rescan"]
+).flatmap(lambda name: _OP_ARGS[name].map(lambda args: (name, *args)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(OPS, min_size=10, max_size=60), budget=st.integers(1500, 3000))
+def test_running_totals_equal_a_recount_under_any_sequence(ops, budget):
+    """Commits, evictions (a small budget), removes, pins held across operations, manifests
+    made evictable and rescans: after each, the totals equal a full recount."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        cache = DiskCache(root, budget)
+        blocks, store = BlockFiles(cache), TokenStore(root, cache)
+        held: list[contextlib.ExitStack] = []
+        evictions = 0
+        for i, op in enumerate(ops):
+            try:
+                if op[0] == "block":
+                    put_block(blocks, op[1], op[2])
+                elif op[0] == "chunk":  # a body (evictable) and a manifest (kept)
+                    tokens = np.arange(op[2], dtype=np.uint16)
+                    store.put(op[1], tokens, np.array([op[2]], dtype=np.int32), 1, {}, [], "t")
+                elif op[0] == "remove":
+                    cache.remove(op[1], op[2], "test")
+                elif op[0] == "pin":
+                    held.append(contextlib.ExitStack())
+                    held[-1].enter_context(cache.pinned([(op[1], op[2])]))
+                elif op[0] == "unpin" and held:
+                    held.pop().close()
+                elif op[0] == "release":
+                    cache.release_unreferenced("manifest", op[1].__contains__)
+                elif op[0] == "rescan":
+                    while held:
+                        held.pop().close()
+                    before, evictions = cache.usage(), evictions + cache.evictions
+                    cache = DiskCache(root, budget)
+                    blocks, store = BlockFiles(cache), TokenStore(root, cache)
+                    # The rescan finds what was accounted; but for bodies whose manifest was
+                    # evicted (once released): tokstore deletes a manifest's body files with it.
+                    after = cache.usage()
+                    assert {k: v for k, v in after.items() if k != "chunk"} == {
+                        k: v for k, v in before.items() if k != "chunk"
+                    }
+                    assert after["chunk"] <= before["chunk"]
+            except CacheFullError:
+                event("a write refused: pins and kept manifests left no room")
+            check_totals(cache, root)
+            assert sum(cache._pins.values()) == len(held), f"after operation {i}: {op}"
+        event("evicted" if evictions + cache.evictions else "nothing evicted")
+
+
+class Walked(Exception):
+    pass
+
+
+class NoWalk(dict):
+    """A dict that refuses to be iterated: lookups, inserts and pops only."""
+
+    def values(self):
+        raise Walked
+
+    def items(self):
+        raise Walked
+
+    def keys(self):
+        raise Walked
+
+    def __iter__(self):
+        raise Walked
 
 
 def test_the_serving_path_never_walks_the_entries(tmp_path, monkeypatch):
@@ -187,26 +259,40 @@ def test_the_serving_path_never_walks_the_entries(tmp_path, monkeypatch):
     blocks = BlockFiles(cache)
     for i in range(2000):
         put_block(blocks, f"k{i}", 10)
+    calls = {"candidates": 0, "recount": 0}
+    real = cache._candidates_locked
 
-    class Walked(Exception):
-        pass
+    def candidates():
+        calls["candidates"] += 1
+        return real()
 
-    class NoWalk(dict):
-        def values(self):
-            raise Walked
-
-        def items(self):
-            raise Walked
-
-        def __iter__(self):
-            raise Walked
-
+    monkeypatch.setattr(cache, "_candidates_locked", candidates)
+    monkeypatch.setattr(cache, "recount", lambda: calls.__setitem__("recount", 1))
     monkeypatch.setattr(cache, "_entries", NoWalk(cache._entries))
+    monkeypatch.setattr(cache, "_evictable", NoWalk(cache._evictable))
     for i in range(200):  # what every batch does: pin, look up, unpin
         with cache.pinned([("block", f"k{i}"), ("chunk", f"c{i}")]):
             assert cache.lookup("block", f"k{i}") and cache.contains("block", f"k{i}")
     assert cache.used == 20000 and cache.usage()["block"] == (2000, 20000)
     put_block(blocks, "new", 10)  # under the budget: no walk either
+    assert calls == {"candidates": 0, "recount": 0}
+
+
+def test_making_room_walks_the_evictable_entries_only(tmp_path, monkeypatch):
+    """A corpus of many chunks keeps a manifest per chunk: eviction never walks them."""
+    cache = DiskCache(tmp_path, budget=60_000)
+    manifests = [(f"m{i}", 10) for i in range(5000)]
+    cache.register(Kind("manifest", lambda: manifests, lambda key: None, evictable=False))
+    blocks = BlockFiles(cache)
+    for i in range(3):
+        put_block(blocks, f"k{i}", 3000)
+    walked: list[int] = []
+    real = cache._candidates_locked
+    monkeypatch.setattr(cache, "_candidates_locked", lambda: walked.append(1) or real())
+    monkeypatch.setattr(cache, "_entries", NoWalk(cache._entries))
+    put_block(blocks, "k3", 3000)  # over the budget: one block goes, found among 3 entries
+    assert walked == [1] and cache.evictions == 1
+    assert len(real()) == 3 and cache.usage()["manifest"] == (5000, 50_000)
 
 
 def test_evicted_files_are_deleted_without_the_lock(tmp_path):
@@ -246,6 +332,38 @@ def test_evicted_files_are_deleted_without_the_lock(tmp_path):
     assert seen and not any(seen), "files were deleted with the cache lock held"
     assert put_block(blocks, "k0", 300) == bytes([2]) * 300
     assert files_bytes(tmp_path) <= 1000
+
+
+def test_a_removed_entry_is_deleted_without_the_lock_and_refilled_after(tmp_path):
+    cache = DiskCache(tmp_path, budget=10_000)
+    blocks = BlockFiles(cache)
+    put_block(blocks, "bad", 300, 1)
+    put_block(blocks, "other", 300)
+    kind = cache._kinds["block"]
+    seen, deleting, proceed = [], threading.Event(), threading.Event()
+
+    def slow_delete(key: str) -> None:
+        seen.append(cache._lock.locked())
+        deleting.set()
+        proceed.wait(5)
+        kind.delete(key)
+
+    cache._kinds["block"] = type(kind)(kind.name, kind.scan, slow_delete, kind.evictable)
+    remover = threading.Thread(target=cache.remove, args=("block", "bad", "test"))
+    remover.start()
+    assert deleting.wait(5)
+    assert not cache.contains("block", "bad")  # absent as soon as it is being deleted
+    assert cache.contains("block", "other") and cache.lookup("block", "other")
+    refill = threading.Thread(target=put_block, args=(blocks, "bad", 300, 2))
+    refill.start()
+    time.sleep(0.2)
+    assert refill.is_alive()  # waits for the deletion, so it cannot remove the new file
+    proceed.set()
+    remover.join(5)
+    refill.join(5)
+    assert seen == [False]
+    assert put_block(blocks, "bad", 300) == bytes([2]) * 300
+    check_totals(cache, tmp_path)
 
 
 def test_unreferenced_manifests_become_evictable(tmp_path):

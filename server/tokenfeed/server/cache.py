@@ -20,13 +20,22 @@ job is computed from must survive evictions and restarts).
 Cost per request: O(1). Entries, bytes per kind and the bytes of unevictable entries are
 running totals kept as entries come and go, the gauges are set from them as they change (the
 pinned bytes at scrape time); nothing on the serving path (`pinned`, `lookup`, `contains`)
-walks the entries. Only making room walks them, and only when the budget is exceeded.
+walks the entries. Only making room walks them, and only when the budget is exceeded: then
+the evictable entries alone (bounded by the budget), never the manifests (one per chunk of
+the corpus, kept).
 
-Lock order: `DiskCache._lock` is never held while calling a fill function or deleting files:
-evicted entries leave the accounting under the lock and their files are deleted after it is
-released; until then the key is "being deleted", and a fill of it waits for the deletion
-(so a rebuilt entry's files are never the ones deleted). The policy and the eviction
-listeners are called with the lock held and must not call back into the cache.
+Deletion: an entry leaves the accounting under the lock (evicted, or removed as corrupt) and
+is marked "being deleted"; its files are deleted after the lock is released, then the mark is
+cleared. While marked, the key is absent (`contains`/`lookup` say so), its bytes still count
+against the budget (the files are still on disk; a writer that needs their room waits for the
+deletion), and a fill of it (`fill_once`) waits for the deletion, so the deletion never
+removes a rebuilt entry's files.
+
+Lock order: `DiskCache._lock`, then only the locks the policy and the eviction listeners take
+(a job's LRU of mapped chunks), which are called with it held and must not call back into the
+cache. It is never held while calling a fill function or a kind's `scan` or `delete` (file
+I/O, under the kind's own lock, e.g. BlockFiles._lock, itself never held while calling the
+cache), nor while waiting for a fill or a deletion.
 """
 
 from __future__ import annotations
@@ -42,9 +51,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenfeed.server import metrics
 from tokenfeed.server.errors import CacheBusyError, CacheFullError, CacheTooSmallError
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +91,9 @@ class DiskCache:
         self.budget = budget
         self._lock = threading.Lock()
         self._entries: dict[EntryKey, _Entry] = {}
+        # The keys of the evictable entries (insertion-ordered): what making room walks, never
+        # the manifests, which are one per chunk of the corpus and kept.
+        self._evictable: dict[EntryKey, None] = {}
         self._pins: dict[EntryKey, int] = {}
         self._claims: dict[str, int] = {}
         self._kinds: dict[str, Kind] = {}
@@ -93,6 +109,7 @@ class DiskCache:
         self._totals: dict[str, list[int]] = {}
         self._used = 0
         self._fixed = 0
+        self._gauges: dict[str, tuple[Gauge, Gauge]] = {}  # kind -> (entries, bytes) children
         self.evictions = 0
         metrics.CACHE_BUDGET_BYTES.set(budget)
         metrics.CACHE_PINNED_BYTES.set_function(self._pinned_bytes)
@@ -190,8 +207,7 @@ class DiskCache:
             excess = self._used + self._deleting_bytes + self._reserved + size - self.budget
             if excess <= 0:
                 return True
-            candidates = [k for k, e in self._entries.items()
-                          if e.evictable and k not in self._pins]  # fmt: skip
+            candidates = self._candidates_locked()
             return entry not in self._victims(candidates + [entry], excess, {entry: size})
 
     @contextmanager
@@ -222,14 +238,24 @@ class DiskCache:
             self._add_locked((kind, key), _Entry(size, self._kinds[kind].evictable))
 
     def remove(self, kind: str, key: str, why: str) -> None:
-        """Forget a partial or corrupt entry (its files are deleted by the kind)."""
+        """Forget a partial or corrupt entry and delete its files (the kind's `delete`, after
+        the lock is released, like an eviction's); they are gone when this returns."""
+        entry_key = (kind, key)
         with self._lock:
-            self._kinds[kind].delete(key)  # rare (corruption): under the lock, simply
-            if self._pop_locked((kind, key)) is not None:
+            entry = self._pop_locked(entry_key)
+            if entry is not None:
                 metrics.CACHE_DROPPED.labels(kind).inc()
                 for listener in self._listeners:
-                    listener((kind, key))
+                    listener(entry_key)
+            # Evicted meanwhile, its files being deleted: that deletion is waited for, never
+            # run twice at once (a fill waiting for the first could race the second).
+            pending = self._deleting.get(entry_key)
+            self._mark_deleting_locked(entry_key, entry.size if entry is not None else 0)
         log.warning("cache: dropped %s %s: %s", kind, key, why)
+        if pending is not None:
+            pending.wait()
+        else:
+            self._delete([entry_key])
 
     def write_bytes(self, kind: str, key: str, path: Path, data: bytes) -> None:
         """A single-file entry: written to a temporary file, fsynced, renamed, committed."""
@@ -264,8 +290,9 @@ class DiskCache:
         with self._lock:
             found = [(k, e) for k, e in self._entries.items()
                      if k[0] == kind and not e.evictable and not referenced(k[1])]  # fmt: skip
-            for _, entry in found:
+            for k, entry in found:
                 entry.evictable = True
+                self._evictable[k] = None
                 self._fixed -= entry.size
         return len(found)
 
@@ -294,6 +321,8 @@ class DiskCache:
         """Account for an entry (lock held); replaces any entry of the same key."""
         self._pop_locked(key)
         self._entries[key] = entry
+        if entry.evictable:
+            self._evictable[key] = None
         totals = self._totals.setdefault(key[0], [0, 0])
         totals[0] += 1
         totals[1] += entry.size
@@ -305,6 +334,7 @@ class DiskCache:
         """Forget an entry in the accounting (lock held); its files are the caller's."""
         entry = self._entries.pop(key, None)
         if entry is not None:
+            self._evictable.pop(key, None)
             totals = self._totals[key[0]]
             totals[0] -= 1
             totals[1] -= entry.size
@@ -314,9 +344,14 @@ class DiskCache:
         return entry
 
     def _gauge(self, kind: str) -> None:
+        """Set the kind's gauges from its running totals (lock held): O(1)."""
+        gauges = self._gauges.get(kind)
+        if gauges is None:
+            gauges = self._gauges[kind] = (metrics.CACHE_ENTRIES.labels(kind),
+                                           metrics.CACHE_BYTES.labels(kind))  # fmt: skip
         n, b = self._totals[kind]
-        metrics.CACHE_ENTRIES.labels(kind).set(n)
-        metrics.CACHE_BYTES.labels(kind).set(b)
+        gauges[0].set(n)
+        gauges[1].set(b)
 
     def _pinned_bytes(self) -> int:
         """At scrape time: bytes of the pinned entries (a few batches' chunks)."""
@@ -343,7 +378,7 @@ class DiskCache:
         excess = used + self._reserved + size - self.budget
         if excess <= 0:
             return []
-        candidates = [k for k, e in self._entries.items() if e.evictable and k not in self._pins]
+        candidates = self._candidates_locked()
         if sum(self._entries[k].size for k in candidates) < excess:
             stuck = used - sum(self._entries[k].size for k in candidates)
             raise CacheFullError(
@@ -355,9 +390,7 @@ class DiskCache:
         victims = self._victims(candidates, excess)
         for victim in victims:
             entry = self._pop_locked(victim)
-            self._deleting[victim] = threading.Event()
-            self._deleting_sizes[victim] = entry.size
-            self._deleting_bytes += entry.size
+            self._mark_deleting_locked(victim, entry.size)
             self.evictions += 1
             metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
             metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(entry.size)
@@ -365,15 +398,30 @@ class DiskCache:
                 listener(victim)
         return victims
 
+    def _candidates_locked(self) -> list[EntryKey]:
+        """What may be evicted now (lock held): the evictable entries not pinned. O(evictable
+        entries), called only when the budget is exceeded."""
+        return [k for k in self._evictable if k not in self._pins]
+
+    def _mark_deleting_locked(self, key: EntryKey, size: int) -> None:
+        """An entry gone from the accounting whose files are about to be deleted (lock held):
+        fills of it wait, and its bytes count against the budget, until `_delete` is done."""
+        self._deleting.setdefault(key, threading.Event())
+        self._deleting_sizes[key] = self._deleting_sizes.get(key, 0) + size
+        self._deleting_bytes += size
+
     def _delete(self, victims: list[EntryKey]) -> None:
-        """Delete evicted entries' files, without the lock; then fills of them may proceed."""
+        """Delete evicted or removed entries' files, without the lock (a slow disk never stalls
+        the serving path); then fills of them may proceed."""
         for victim in victims:
             try:
                 self._kinds[victim[0]].delete(victim[1])
             finally:
                 with self._lock:
-                    self._deleting_bytes -= self._deleting_sizes.pop(victim)
-                    self._deleting.pop(victim).set()
+                    self._deleting_bytes -= self._deleting_sizes.pop(victim, 0)
+                    done = self._deleting.pop(victim, None)
+                if done is not None:
+                    done.set()
 
     def _victims(self, candidates: list[EntryKey], excess: int,
                  incoming: dict[EntryKey, int] | None = None) -> list[EntryKey]:  # fmt: skip
