@@ -7,7 +7,9 @@ import collections
 import functools
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -16,6 +18,9 @@ from tokenfeed.server import errors, metrics
 from tokenfeed.server.job import MAX_STEP, READY, Job, Plan
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from tokenfeed.server.index import DatasetIndex
 
 # Steps of a stream assembled in one pass (at most server.stream_ahead): small batches pay
 # their fixed costs once per group (bench/, wire section).
@@ -141,6 +146,11 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         self.max_wait = max_wait_seconds
         self.stream_ahead = stream_ahead
         self.io = io  # opens, verifies and rebuilds chunks off the event loop
+        # DescribeJob's answers of ready jobs, and each dataset's count of sources (a walk over
+        # its chunks, made once per planned chunk list): no request walks the chunks once a
+        # job serves, whatever the corpus size.
+        self._described: dict[str, tuple[tuple, pb.JobInfo]] = {}
+        self._sources: dict[DatasetIndex, tuple[list, int]] = {}
 
     def _job(self, name: str) -> Job:
         if not name:
@@ -285,18 +295,42 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     @_unary
     async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
-        return job_info(self._job(request.job))
+        return self._info(self._job(request.job))
 
     @_unary
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[job_info(self.jobs[n]) for n in sorted(self.jobs)])
+        return pb.ListJobsResponse(jobs=[self._info(self.jobs[n]) for n in sorted(self.jobs)])
+
+    def _info(self, job: Job) -> pb.JobInfo:
+        """The job's description: made once when it is ready (nothing in it changes then), and
+        per call while it indexes (numpy sums over the chunks, the sources counted once)."""
+        key = (job.state, job.error, job.fingerprint)
+        cached = self._described.get(job.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        info = job_info(job, self._num_sources)
+        if job.state == READY:
+            self._described[job.name] = (key, info)
+        return info
+
+    def _num_sources(self, idx: DatasetIndex) -> int:
+        cached = self._sources.get(idx)
+        if cached is None or cached[0] is not idx.chunks:  # planned since
+            cached = self._sources[idx] = (idx.chunks, num_sources(idx))
+        return cached[1]
 
 
-def _dataset_info(idx, weight) -> pb.DatasetInfo:
+def num_sources(idx: DatasetIndex) -> int:
+    """Distinct source objects of a dataset's chunks: a walk over every chunk."""
+    return len({p.source.uri for c in idx.chunks for p in c.pieces})
+
+
+def _dataset_info(idx: DatasetIndex, weight,
+                  sources: Callable[[DatasetIndex], int]) -> pb.DatasetInfo:  # fmt: skip
     ready = idx.state == READY
     return pb.DatasetInfo(
         name=idx.dataset.name, weight=str(weight), fingerprint=idx.fingerprint,
-        num_sources=len({p.source.uri for c in idx.chunks for p in c.pieces}),
+        num_sources=sources(idx),
         num_chunks=len(idx.chunks),
         chunks_indexed=idx.chunks_indexed,
         num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
@@ -305,11 +339,13 @@ def _dataset_info(idx, weight) -> pb.DatasetInfo:
     )  # fmt: skip
 
 
-def job_info(job: Job) -> pb.JobInfo:
+def job_info(job: Job, sources: Callable[[DatasetIndex], int] = num_sources) -> pb.JobInfo:
+    """DescribeJob's answer; `sources` counts a dataset's source objects (the servicer's
+    remembers the count per planned chunk list)."""
     s = job.spec
     ready = job.state == READY
-    datasets = [_dataset_info(i, w) for i, w in zip(job.indexes, s.phases[0].weights,
-                                                    strict=True)]  # fmt: skip
+    datasets = [_dataset_info(i, w, sources) for i, w in zip(job.indexes, s.phases[0].weights,
+                                                             strict=True)]  # fmt: skip
     bad = sum((i.bad_records for i in job.indexes), start=collections.Counter())
     return pb.JobInfo(
         name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
