@@ -45,9 +45,13 @@ class CeilingServicer(pb_grpc.TokenFeedServicer):
     def __init__(self, batch: pb.Batch, rows: int, seq_len: int):
         self.batch = batch
         self.info = pb.JobInfo(
-            name=JOB, state=pb.JOB_STATE_READY, seq_len=seq_len, global_batch_size=rows,
-            steps_per_epoch=ENDLESS, tensor_names=list(TENSOR_NAMES),
-        )  # fmt: skip
+            name=JOB,
+            state=pb.JOB_STATE_READY,
+            seq_len=seq_len,
+            global_batch_size=rows,
+            steps_per_epoch=ENDLESS,
+            tensor_names=list(TENSOR_NAMES),
+        )
 
     # The step is set on the shared message just before it is handed to gRPC, which serializes
     # it before this coroutine runs again: clients check that each batch carries its step.

@@ -71,13 +71,22 @@ class ClientResult:
 
 
 def write_config(path: Path, corpus: Path, tokenizer: Path, threads: int) -> None:
-    job = {"sources": [str(corpus / "*")], "tokenizer": str(tokenizer), "seq_len": SEQ_LEN,
-           "seed": 1, "chunk_bytes": "256KiB", "window_chunks": 4}  # fmt: skip
+    job = {
+        "sources": [str(corpus / "*")],
+        "tokenizer": str(tokenizer),
+        "seq_len": SEQ_LEN,
+        "seed": 1,
+        "chunk_bytes": "256KiB",
+        "window_chunks": 4,
+    }
     config = {
-        "server": {"listen": "127.0.0.1:0", "tokenize_threads": threads,
-                   "grace_seconds": GRACE_SECONDS},
+        "server": {
+            "listen": "127.0.0.1:0",
+            "tokenize_threads": threads,
+            "grace_seconds": GRACE_SECONDS,
+        },
         "jobs": {name: {**job, "global_batch_size": rows} for name, rows in ROWS.items()},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -88,11 +97,24 @@ class Fleet:
         self.warm = warm
         exe = str(Path(sys.executable).parent / "tokenfeed")
         self.servers = [
-            stack.enter_context(ServerProcess(
-                f"server{i}", [exe, "serve", "--config", str(config), "--listen", "127.0.0.1:0",
-                               "--cache-dir", str(work / f"cache{i}")], work))
+            stack.enter_context(
+                ServerProcess(
+                    f"server{i}",
+                    [
+                        exe,
+                        "serve",
+                        "--config",
+                        str(config),
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--cache-dir",
+                        str(work / f"cache{i}"),
+                    ],
+                    work,
+                )
+            )
             for i in range(SERVERS)
-        ]  # fmt: skip
+        ]
         with ThreadPoolExecutor(SERVERS) as pool:  # indexing overlaps: a third of the wait
             list(pool.map(self._start, self.servers))
 

@@ -35,16 +35,18 @@ def spans(start: int, steps: int, wrap: int) -> list[tuple[int, int]]:
     return out
 
 
-def consume(target: str, job: str, start: int, steps: int, mode: str, rank: int,
-            world: int, wrap: int = 0) -> dict:  # fmt: skip
+def consume(
+    target: str, job: str, start: int, steps: int, mode: str, rank: int, world: int, wrap: int = 0
+) -> dict:
     tokens = batches = 0
     if mode == "raw":
         with grpc.insecure_channel(target, options=OPTIONS) as channel:
             stub = pb_grpc.TokenFeedStub(channel)
             began = time.perf_counter()
             for a, b in spans(start, steps, wrap):
-                request = pb.StreamBatchesRequest(job=job, start_step=a, end_step=b, rank=rank,
-                                                  world_size=world)  # fmt: skip
+                request = pb.StreamBatchesRequest(
+                    job=job, start_step=a, end_step=b, rank=rank, world_size=world
+                )
                 for msg in stub.StreamBatches(request):
                     tokens += msg.rows * msg.seq_len
                     batches += 1
@@ -54,11 +56,17 @@ def consume(target: str, job: str, start: int, steps: int, mode: str, rank: int,
         client.get_batch(start, rank, world)  # connected and warm before the clock starts
         began = time.perf_counter()
         if mode == "stream":
-            batch_iter = (batch for a, b in spans(start, steps, wrap)
-                          for batch in client.iter_batches(a, b, rank, world))  # fmt: skip
+            batch_iter = (
+                batch
+                for a, b in spans(start, steps, wrap)
+                for batch in client.iter_batches(a, b, rank, world)
+            )
         else:
-            batch_iter = (client.get_batch(s, rank, world) for a, b in spans(start, steps, wrap)
-                          for s in range(a, b))  # fmt: skip
+            batch_iter = (
+                client.get_batch(s, rank, world)
+                for a, b in spans(start, steps, wrap)
+                for s in range(a, b)
+            )
         for batch in batch_iter:
             ids, labels = batch["input_ids"], batch["labels"]  # what every trainer reads
             tokens += ids.size
@@ -79,8 +87,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--wrap", type=int, default=0)
     a = parser.parse_args()
-    print(json.dumps(consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world,
-                             a.wrap)))  # fmt: skip
+    print(json.dumps(consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap)))
 
 
 if __name__ == "__main__":

@@ -67,24 +67,42 @@ def main() -> None:
                 torch.cuda.synchronize()
 
         compact_s = timed(lambda c=c: tf_torch.expand(c, device), sync)
-        five_s = timed(lambda w=want: {n: torch.from_numpy(a).to(device) for n, a in w.items()},
-                       sync)  # fmt: skip
+        five_s = timed(
+            lambda w=want: {n: torch.from_numpy(a).to(device) for n, a in w.items()}, sync
+        )
         numpy_s = timed(lambda c=c: [expand(c, n) for n in TENSOR_NAMES], lambda: None)
-        jax_s = timed(lambda c=c: [a.block_until_ready() for a in tf_jax.expand(c).values()],
-                      lambda: None)  # fmt: skip
+        jax_s = timed(
+            lambda c=c: [a.block_until_ready() for a in tf_jax.expand(c).values()], lambda: None
+        )
         moved = c.tokens.nbytes + c.starts.nbytes + c.row_splits.nbytes
-        rows_out.append([f"[{rows}, {seq_len}]", f"{moved / 1024:,.0f}",
-                         f"{5 * rows * seq_len * 4 / 1024:,.0f}", f"{compact_s * 1e3:.3f}",
-                         f"{five_s * 1e3:.3f}", f"{jax_s * 1e3:.3f}",
-                         f"{numpy_s * 1e3:.3f}"])  # fmt: skip
+        rows_out.append(
+            [
+                f"[{rows}, {seq_len}]",
+                f"{moved / 1024:,.0f}",
+                f"{5 * rows * seq_len * 4 / 1024:,.0f}",
+                f"{compact_s * 1e3:.3f}",
+                f"{five_s * 1e3:.3f}",
+                f"{jax_s * 1e3:.3f}",
+                f"{numpy_s * 1e3:.3f}",
+            ]
+        )
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
-    print(render(
-        f"Device-side expansion on {name}"
-        " (torch and JAX equal to numpy on every shape; ms per batch, mean of 20)",
-        ["batch", "compact KiB moved", "5 tensors KiB", "torch.expand", "move 5 tensors",
-         "jax.expand", "numpy expand (CPU)"],
-        rows_out,
-    ))  # fmt: skip
+    print(
+        render(
+            f"Device-side expansion on {name}"
+            " (torch and JAX equal to numpy on every shape; ms per batch, mean of 20)",
+            [
+                "batch",
+                "compact KiB moved",
+                "5 tensors KiB",
+                "torch.expand",
+                "move 5 tensors",
+                "jax.expand",
+                "numpy expand (CPU)",
+            ],
+            rows_out,
+        )
+    )
 
 
 if __name__ == "__main__":

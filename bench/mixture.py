@@ -28,8 +28,10 @@ def mixture_table(repeats: int) -> str:
     for datasets in (1, 10, 100):
         cells = [number(lookup_seconds(datasets, step, repeats) * 1e6, 1) for step in STEPS]
         rows.append([str(datasets), *cells])
-    title = (f"5. Mixture step lookup: dataset and row of all {BATCH} slots of a global batch, "
-             f"microseconds per step (mean of {repeats})")  # fmt: skip
+    title = (
+        f"5. Mixture step lookup: dataset and row of all {BATCH} slots of a global batch, "
+        f"microseconds per step (mean of {repeats})"
+    )
     return render(title, ["datasets", *(f"step {s:,}" for s in STEPS)], rows)
 
 

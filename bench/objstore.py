@@ -51,8 +51,11 @@ START_TIMEOUT = 60.0
 # max_wait_seconds and the client retries until this.
 FIRST_BATCH_TIMEOUT = 120.0
 # moto takes any credentials; these keep boto3 in the servers away from real ones.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 SIDES = ("s3", "local")
 OPS = ("get", "head", "list")
 
@@ -119,14 +122,23 @@ class ObjstoreResult:
 
     def mismatches(self) -> int:
         """Steps whose batch from S3 differs from local files' in the same round."""
-        pairs = [(s3.fingerprints, local.fingerprints) for kind in (self.cold, self.warm)
-                 for s3, local in zip(kind["s3"], kind["local"], strict=True)]  # fmt: skip
-        return sum(abs(len(a) - len(b)) + sum(x != y for x, y in zip(a, b, strict=False))
-                   for a, b in pairs)  # fmt: skip
+        pairs = [
+            (s3.fingerprints, local.fingerprints)
+            for kind in (self.cold, self.warm)
+            for s3, local in zip(kind["s3"], kind["local"], strict=True)
+        ]
+        return sum(
+            abs(len(a) - len(b)) + sum(x != y for x, y in zip(a, b, strict=False)) for a, b in pairs
+        )
 
     def stops(self) -> list[Stopped]:
-        return [s.stopped for kind in (self.cold, self.warm) for side in SIDES
-                for s in kind[side] if s.stopped is not None]  # fmt: skip
+        return [
+            s.stopped
+            for kind in (self.cold, self.warm)
+            for side in SIDES
+            for s in kind[side]
+            if s.stopped is not None
+        ]
 
 
 def from_tests():
@@ -143,8 +155,9 @@ def from_tests():
 
 
 def _jsonl(docs: list[str], first_id: int) -> bytes:
-    return "".join(json.dumps({"id": first_id + i, "text": d}) + "\n"
-                   for i, d in enumerate(docs)).encode()  # fmt: skip
+    return "".join(
+        json.dumps({"id": first_id + i, "text": d}) + "\n" for i, d in enumerate(docs)
+    ).encode()
 
 
 def write_corpus(out: Path, copies: int) -> Corpus:
@@ -185,25 +198,42 @@ def upload(s3, corpus: Corpus, tokenizer: Path) -> None:
     s3.put_object(Bucket=BUCKET, Key="tokenizer.json", Body=tokenizer.read_bytes())
 
 
-def write_config(path: Path, source: str, tokenizer: str, cache: Path, threads: int,
-                 endpoint: str | None) -> None:  # fmt: skip
+def write_config(
+    path: Path, source: str, tokenizer: str, cache: Path, threads: int, endpoint: str | None
+) -> None:
     config = {
-        "server": {"listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0",
-                   "cache_dir": str(cache), "tokenize_threads": threads,
-                   "grace_seconds": GRACE_SECONDS},
-        "jobs": {JOB: {"sources": [source], "tokenizer": tokenizer, "seq_len": SEQ_LEN,
-                       "global_batch_size": GLOBAL_BATCH, "seed": 1, "chunk_bytes": CHUNK_BYTES,
-                       "window_chunks": 4}},
-    }  # fmt: skip
+        "server": {
+            "listen": "127.0.0.1:0",
+            "metrics_listen": "127.0.0.1:0",
+            "cache_dir": str(cache),
+            "tokenize_threads": threads,
+            "grace_seconds": GRACE_SECONDS,
+        },
+        "jobs": {
+            JOB: {
+                "sources": [source],
+                "tokenizer": tokenizer,
+                "seq_len": SEQ_LEN,
+                "global_batch_size": GLOBAL_BATCH,
+                "seed": 1,
+                "chunk_bytes": CHUNK_BYTES,
+                "window_chunks": 4,
+            }
+        },
+    }
     if endpoint is not None:
-        config["object_store"] = {"endpoint_url": endpoint, "region": "us-east-1",
-                                  "addressing_style": "path",
-                                  "block_bytes": BLOCK_BYTES}  # fmt: skip
+        config["object_store"] = {
+            "endpoint_url": endpoint,
+            "region": "us-east-1",
+            "addressing_style": "path",
+            "block_bytes": BLOCK_BYTES,
+        }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def launch(name: str, config: Path, work: Path,
-           stack: ExitStack) -> tuple[ServerProcess, Client, Start]:  # fmt: skip
+def launch(
+    name: str, config: Path, work: Path, stack: ExitStack
+) -> tuple[ServerProcess, Client, Start]:
     """Launch a server and time it to its first batch; both are closed with `stack`."""
     argv = [str(Path(sys.executable).parent / "tokenfeed"), "serve", "--config", str(config)]
     proc = stack.enter_context(ServerProcess(name, argv, work))
@@ -214,8 +244,9 @@ def launch(name: str, config: Path, work: Path,
     return proc, client, Start(time.perf_counter() - begin, [first.fingerprint])
 
 
-def serve_pair(kind: str, order: tuple[str, ...], configs: dict[str, Path], work: Path,
-               support) -> dict[str, Start]:  # fmt: skip
+def serve_pair(
+    kind: str, order: tuple[str, ...], configs: dict[str, Path], work: Path, support
+) -> dict[str, Start]:
     """Start the servers of `order` one after the other, serve the rest of the epoch from both
     in turn, read their metrics, stop them."""
     with ExitStack() as stack:
@@ -237,8 +268,10 @@ def serve_pair(kind: str, order: tuple[str, ...], configs: dict[str, Path], work
             client.close()
             samples = support.scrape(json.loads(proc.ready_file.read_text())["metrics"])
             result.fetched_bytes = support.metric(samples, "tokenfeed_object_store_bytes_total")
-            result.requests = {op: support.metric(samples, "tokenfeed_object_store_requests_total",
-                                                  op=op) for op in OPS}  # fmt: skip
+            result.requests = {
+                op: support.metric(samples, "tokenfeed_object_store_requests_total", op=op)
+                for op in OPS
+            }
             result.stopped = proc.stop(GRACE_SECONDS + 10)
         return {side: result for side, (_, _, result) in running.items()}
 
@@ -255,10 +288,22 @@ def run(sizes: ObjstoreSizes, out: Path, threads: int) -> ObjstoreResult:
     configs = {side: work / f"{side}.yaml" for side in SIDES}
     with s3env.MotoServer(work) as moto, mock.patch.dict(os.environ, CREDENTIALS):
         upload(s3env.s3_client(moto.endpoint), corpus, tokenizer)
-        write_config(configs["s3"], f"s3://{BUCKET}/{PREFIX}/*", f"s3://{BUCKET}/tokenizer.json",
-                     caches["s3"], threads, moto.endpoint)  # fmt: skip
-        write_config(configs["local"], str(work / "corpus" / "*"), str(tokenizer),
-                     caches["local"], threads, None)  # fmt: skip
+        write_config(
+            configs["s3"],
+            f"s3://{BUCKET}/{PREFIX}/*",
+            f"s3://{BUCKET}/tokenizer.json",
+            caches["s3"],
+            threads,
+            moto.endpoint,
+        )
+        write_config(
+            configs["local"],
+            str(work / "corpus" / "*"),
+            str(tokenizer),
+            caches["local"],
+            threads,
+            None,
+        )
         for r in range(sizes.rounds):
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             for cache in caches.values():

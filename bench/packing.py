@@ -81,10 +81,12 @@ def per_call(fn, picks: np.ndarray) -> float:
 
 def case(sizes: PackingSizes, seq_len: int, rng, tokens, offsets, lengths) -> PackingCase:
     order = np.arange(len(lengths))
-    layout, layout_seconds = timed(lambda: bestfit.bestfit_layout(lengths, seq_len, ADD_BOS),
-                                   sizes.repeats)  # fmt: skip
-    count, count_seconds = timed(lambda: bestfit.bestfit_rows(lengths, seq_len, ADD_BOS),
-                                 sizes.repeats)  # fmt: skip
+    layout, layout_seconds = timed(
+        lambda: bestfit.bestfit_layout(lengths, seq_len, ADD_BOS), sizes.repeats
+    )
+    count, count_seconds = timed(
+        lambda: bestfit.bestfit_rows(lengths, seq_len, ADD_BOS), sizes.repeats
+    )
     assert count == layout.rows
     stream, stream_seconds = timed(
         lambda: packing.concat_stream(offsets, lengths, order, ADD_BOS), sizes.repeats
@@ -92,8 +94,9 @@ def case(sizes: PackingSizes, seq_len: int, rng, tokens, offsets, lengths) -> Pa
     n_concat = (stream.total - 1) // seq_len  # rows inside this chunk; the tail reads on
 
     def fit(rows):
-        return bestfit.bestfit_rows_at(layout, offsets, tokens, rows, seq_len, BOS_ID, EOS_ID,
-                                       PAD_ID)  # fmt: skip
+        return bestfit.bestfit_rows_at(
+            layout, offsets, tokens, rows, seq_len, BOS_ID, EOS_ID, PAD_ID
+        )
 
     def cat(rows):
         return packing.concat_rows_at(stream, tokens, rows, seq_len, BOS_ID, EOS_ID)
@@ -110,13 +113,17 @@ def case(sizes: PackingSizes, seq_len: int, rng, tokens, offsets, lengths) -> Pa
             fit_seconds.append(per_call(fit, fit_picks))
             cat_seconds.append(per_call(cat, cat_picks))
     return PackingCase(
-        seq_len=seq_len, bestfit_rows=layout.rows, concat_rows=n_concat,
+        seq_len=seq_len,
+        bestfit_rows=layout.rows,
+        concat_rows=n_concat,
         padding=bestfit.padding_fraction(layout, seq_len),
         dropped=(stream.total - n_concat * seq_len) / stream.total,
-        layout_seconds=layout_seconds, count_seconds=count_seconds,
-        stream_seconds=stream_seconds, bestfit_call_seconds=fit_seconds,
+        layout_seconds=layout_seconds,
+        count_seconds=count_seconds,
+        stream_seconds=stream_seconds,
+        bestfit_call_seconds=fit_seconds,
         concat_call_seconds=cat_seconds,
-    )  # fmt: skip
+    )
 
 
 def run(sizes: PackingSizes) -> PackingResult:

@@ -50,22 +50,27 @@ class ServerProcess:
         self.ready_file.unlink(missing_ok=True)
         with open(self.log_path, "wb") as log:
             argv = [*self.argv, "--ready-file", str(self.ready_file)]
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                          env=self.env)  # fmt: skip
+            self._proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env
+            )
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self._proc.poll() is not None:
-                raise ServerError(f"{self.name} exited with {self._proc.returncode} before "
-                                  f"serving:\n{self.log_tail()}")  # fmt: skip
+                raise ServerError(
+                    f"{self.name} exited with {self._proc.returncode} before "
+                    f"serving:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise ServerError(f"{self.name} not serving after {timeout:.0f}s:\n"
-                                  f"{self.log_tail()}")  # fmt: skip
+                raise ServerError(
+                    f"{self.name} not serving after {timeout:.0f}s:\n{self.log_tail()}"
+                )
             time.sleep(POLL_SECONDS)
         info = json.loads(self.ready_file.read_text())
         if info["pid"] != self._proc.pid:
-            raise ServerError(f"{self.name}: ready file names pid {info['pid']}, "
-                              f"started {self._proc.pid}")  # fmt: skip
+            raise ServerError(
+                f"{self.name}: ready file names pid {info['pid']}, started {self._proc.pid}"
+            )
         self.address = info["address"]
         return self.address
 

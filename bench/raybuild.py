@@ -39,12 +39,18 @@ OUT = Path(__file__).resolve().parent / "out"
 CHUNK_BYTES = "512KiB"  # small, so that a small corpus still has chunks for every core
 FILES = 8
 # Ray on loopback only, with a token of this run's: see tests/integration/test_ray_build.py.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # fmt: skip
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": uuid.uuid4().hex,
+}
 BUILDERS = ("workers", "ray")
 # Both builders end with build.Progress's line: rates since the chunks were handed out.
-FINAL = re.compile(r"\[100\.0%\] (\d+)/\d+ chunks, [\d,]+ docs, ([\d,]+) tokens, "
-                   r"([\d.]+) MB/s")  # fmt: skip
+FINAL = re.compile(
+    r"\[100\.0%\] (\d+)/\d+ chunks, [\d,]+ docs, ([\d,]+) tokens, "
+    r"([\d.]+) MB/s"
+)
 
 
 @dataclass(frozen=True)
@@ -74,13 +80,23 @@ class Cluster:
         self.temp, self.env = temp, {**os.environ, **RAY_ENV}
         self.log = temp / "ray-start.log"
         ray = Path(sys.executable).parent / "ray"
-        cmd = [str(ray), "start", "--head", "--block", "--port=0", f"--num-cpus={cpus}",
-               "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-               "--disable-usage-stats", f"--temp-dir={temp}"]  # fmt: skip
+        cmd = [
+            str(ray),
+            "start",
+            "--head",
+            "--block",
+            "--port=0",
+            f"--num-cpus={cpus}",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ]
         started = time.perf_counter()
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
         while b"Ray runtime started" not in self.log.read_bytes():
             if self.proc.poll() is not None or time.perf_counter() - started > 120:
                 self.stop()
@@ -108,18 +124,24 @@ def write_corpus(root: Path, copies: int) -> tuple[float, int]:
     root.mkdir(parents=True)
     for k in range(FILES):
         part = texts[len(texts) * k // FILES : len(texts) * (k + 1) // FILES]
-        (root / f"part-{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
-                                                      for t in part))  # fmt: skip
+        (root / f"part-{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
     return sum(p.stat().st_size for p in root.iterdir()) / 1e6, len(texts)
 
 
 def write_config(path: Path, corpus: Path, tokenizer: Path, store: Path) -> Path:
     config = {
         "server": {"cache_dir": str(path.parent / "cache")},
-        "jobs": {"build": {"sources": [str(corpus / "*.jsonl")], "tokenizer": str(tokenizer),
-                           "seq_len": 2048, "global_batch_size": 8, "chunk_bytes": CHUNK_BYTES}},
+        "jobs": {
+            "build": {
+                "sources": [str(corpus / "*.jsonl")],
+                "tokenizer": str(tokenizer),
+                "seq_len": 2048,
+                "global_batch_size": 8,
+                "chunk_bytes": CHUNK_BYTES,
+            }
+        },
         "store": {"uri": str(store), "node": "bench"},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -166,24 +188,49 @@ def measure(sizes: RayBuildSizes, out: Path) -> RayBuildResult:
 
 def table(r: RayBuildResult) -> str:
     rows = []
-    labels = {"workers": f"tokenfeed build --workers {r.cores}",
-              "ray": f"tokenfeed build --ray (local cluster, {r.cores} CPUs)"}  # fmt: skip
+    labels = {
+        "workers": f"tokenfeed build --workers {r.cores}",
+        "ray": f"tokenfeed build --ray (local cluster, {r.cores} CPUs)",
+    }
     for builder, label in labels.items():
         build_s, wall_s = median(r.build[builder]), median(r.wall[builder])
         per_core = r.cores * build_s
-        rows.append([label, number(r.mb / per_core, 2), number(r.tokens / per_core / 1e6, 2),
-                     number(r.mb / wall_s / r.cores, 2), number(build_s, 1),
-                     number(wall_s, 1)])  # fmt: skip
+        rows.append(
+            [
+                label,
+                number(r.mb / per_core, 2),
+                number(r.tokens / per_core / 1e6, 2),
+                number(r.mb / wall_s / r.cores, 2),
+                number(build_s, 1),
+                number(wall_s, 1),
+            ]
+        )
     ratio = paired_ratio(r.build["workers"], r.build["ray"])
     wall_ratio = paired_ratio(r.wall["workers"], r.wall["ray"])
-    rows.append(["ray / workers (paired, per core)", number(ratio, 2), number(ratio, 2),
-                 number(wall_ratio, 2), "", ""])  # fmt: skip
+    rows.append(
+        [
+            "ray / workers (paired, per core)",
+            number(ratio, 2),
+            number(ratio, 2),
+            number(wall_ratio, 2),
+            "",
+            "",
+        ]
+    )
     rounds = len(r.build["ray"])
-    title = (f"Ray build vs one-machine build: {r.mb:.1f} MB of JSON Lines, {r.chunks} "
-             f"chunks of {CHUNK_BYTES}, {r.tokens:,} tokens, {r.cores} cores; medians of "
-             f"{rounds} round(s); `ray start` took {r.cluster_start:.1f}s")  # fmt: skip
-    header = ["builder", "MB/s per core", "M tokens/s per core", "MB/s per core (command)",
-              "build s", "command s"]  # fmt: skip
+    title = (
+        f"Ray build vs one-machine build: {r.mb:.1f} MB of JSON Lines, {r.chunks} "
+        f"chunks of {CHUNK_BYTES}, {r.tokens:,} tokens, {r.cores} cores; medians of "
+        f"{rounds} round(s); `ray start` took {r.cluster_start:.1f}s"
+    )
+    header = [
+        "builder",
+        "MB/s per core",
+        "M tokens/s per core",
+        "MB/s per core (command)",
+        "build s",
+        "command s",
+    ]
     return render(title, header, rows)
 
 

@@ -46,8 +46,20 @@ SERVING_TARGET = 0.70
 TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
-SECTIONS = ("serving", "tokenization", "client", "packing", "mixture", "objstore", "store",
-            "smallobjects", "wire", "served", "scale", "raybuild")  # fmt: skip
+SECTIONS = (
+    "serving",
+    "tokenization",
+    "client",
+    "packing",
+    "mixture",
+    "objstore",
+    "store",
+    "smallobjects",
+    "wire",
+    "served",
+    "scale",
+    "raybuild",
+)
 SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
@@ -95,16 +107,36 @@ def serving_table(r: ServingResult) -> str:
     unary = paired_ratio(tf.unary_rates, cl.unary_rates)
     stream = paired_ratio(tf.stream_rates, cl.stream_rates)
     rows = [
-        ["GetBatch latency p50 (ms)", number(percentile(tf.latencies, 50) * 1e3, 2),
-         number(percentile(cl.latencies, 50) * 1e3, 2), "", ""],
-        ["GetBatch latency p99 (ms)", number(percentile(tf.latencies, 99) * 1e3, 2),
-         number(percentile(cl.latencies, 99) * 1e3, 2), "", ""],
-        ["GetBatch tokens/s", number(median(tf.unary_rates)), number(median(cl.unary_rates)),
-         number(unary, 2), target(unary, SERVING_TARGET)],
-        ["StreamBatches tokens/s", number(median(tf.stream_rates)),
-         number(median(cl.stream_rates)), number(stream, 2), target(stream, SERVING_TARGET)],
+        [
+            "GetBatch latency p50 (ms)",
+            number(percentile(tf.latencies, 50) * 1e3, 2),
+            number(percentile(cl.latencies, 50) * 1e3, 2),
+            "",
+            "",
+        ],
+        [
+            "GetBatch latency p99 (ms)",
+            number(percentile(tf.latencies, 99) * 1e3, 2),
+            number(percentile(cl.latencies, 99) * 1e3, 2),
+            "",
+            "",
+        ],
+        [
+            "GetBatch tokens/s",
+            number(median(tf.unary_rates)),
+            number(median(cl.unary_rates)),
+            number(unary, 2),
+            target(unary, SERVING_TARGET),
+        ],
+        [
+            "StreamBatches tokens/s",
+            number(median(tf.stream_rates)),
+            number(median(cl.stream_rates)),
+            number(stream, 2),
+            target(stream, SERVING_TARGET),
+        ],
         ["batches unlike their warm-up", str(tf.mismatches), "-", "", "0"],
-    ]  # fmt: skip
+    ]
     title = (
         f"1. Warm serving, one client\n"
         f"   seq_len {serving.SEQ_LEN} x {serving.GLOBAL_BATCH} rows = {tokens:,} tokens "
@@ -122,15 +154,25 @@ def tokenization_table(r: TokenizationResult) -> str:
 
     def row(label: str, per_second) -> list[str]:
         bare, index = per_second(r.bare_seconds), per_second(r.index_seconds)
-        return [label, number(bare, 2), number(index, 2), number(value, 2),
-                target(value, TOKENIZE_TARGET)]  # fmt: skip
+        return [
+            label,
+            number(bare, 2),
+            number(index, 2),
+            number(value, 2),
+            target(value, TOKENIZE_TARGET),
+        ]
 
     rows = [
-        ["seconds (median)", number(median(r.bare_seconds), 3),
-         number(median(r.index_seconds), 3), "", ""],
+        [
+            "seconds (median)",
+            number(median(r.bare_seconds), 3),
+            number(median(r.index_seconds), 3),
+            "",
+            "",
+        ],
         row("docs/s", r.docs_per_second),
         row("MB/s of text", r.mb_per_second),
-    ]  # fmt: skip
+    ]
     title = (
         f"2. Tokenization, same tokenizer and texts\n"
         f"   {r.docs:,} docs, {r.text_bytes / 1e6:.2f} MB of text; JSONL in {r.chunks} chunks of "
@@ -161,8 +203,16 @@ def client_table(r: ClientResult) -> str:
     for (ranks, servers), figures in r.trainers.items():
         waits, rates, used = (list(column) for column in zip(*figures, strict=True))
         compute = client.COMPUTE_SECONDS[ranks]
-        rows.append([f"{ranks} x {compute * 1e3:g} ms", str(servers), f"{median(waits):.1%}",
-                     number(median(rates)), number(1 / compute), str(max(used))])  # fmt: skip
+        rows.append(
+            [
+                f"{ranks} x {compute * 1e3:g} ms",
+                str(servers),
+                f"{median(waits):.1%}",
+                number(median(rates)),
+                number(1 / compute),
+                str(max(used)),
+            ]
+        )
         rounds = len(figures)
     waits = render(
         "3b. Trainer waiting on data: iter_batches (prefetch 4), a sleep per step as compute\n"
@@ -170,10 +220,16 @@ def client_table(r: ClientResult) -> str:
         " a thread and a Client each\n"
         "    waiting: time blocked in next() / wall time, the first batch (opening the stream) "
         f"not counted;\n    medians of {rounds} alternating rounds",
-        ["ranks x compute/step", "servers", "waiting", "steps/s per rank", "1/compute",
-         "servers used"],
+        [
+            "ranks x compute/step",
+            "servers",
+            "waiting",
+            "steps/s per rank",
+            "1/compute",
+            "servers used",
+        ],
         rows,
-    )  # fmt: skip
+    )
     fo = r.failovers
     ms = {
         "SIGKILL to first batch from another server (ms)": [f.to_other * 1e3 for f in fo],
@@ -205,13 +261,27 @@ def packing_table(r: PackingResult) -> str:
         speed = paired_ratio(c.concat_call_seconds, c.bestfit_call_seconds)
         per_call = packing.ROWS_PER_CALL
         rows += [
-            [str(c.seq_len), "best_fit", number(c.bestfit_rows), f"{c.padding:.4%}",
-             number(packing.docs_per_second(r, c.layout_seconds)), number(per_call / fit),
-             number(per_call * c.seq_len / fit), number(speed, 2)],
-            [str(c.seq_len), "concat", number(c.concat_rows), f"{c.dropped:.4%}",
-             number(packing.docs_per_second(r, c.stream_seconds)), number(per_call / cat),
-             number(per_call * c.seq_len / cat), ""],
-        ]  # fmt: skip
+            [
+                str(c.seq_len),
+                "best_fit",
+                number(c.bestfit_rows),
+                f"{c.padding:.4%}",
+                number(packing.docs_per_second(r, c.layout_seconds)),
+                number(per_call / fit),
+                number(per_call * c.seq_len / fit),
+                number(speed, 2),
+            ],
+            [
+                str(c.seq_len),
+                "concat",
+                number(c.concat_rows),
+                f"{c.dropped:.4%}",
+                number(packing.docs_per_second(r, c.stream_seconds)),
+                number(per_call / cat),
+                number(per_call * c.seq_len / cat),
+                "",
+            ],
+        ]
     low, high = packing.CLIP
     title = (
         f"4. Packing, in process: one chunk of {r.docs:,} docs, {r.tokens / 1e6:.1f}M tokens; "
@@ -221,8 +291,16 @@ def packing_table(r: PackingResult) -> str:
         f" random rows per call, {r.calls} calls per round, median of "
         f"{len(r.cases[0].bestfit_call_seconds)} alternating rounds"
     )
-    header = ["seq_len", "packing", "rows", "waste", "layout docs/s", "rows/s", "tokens/s",
-              "best_fit/concat"]  # fmt: skip
+    header = [
+        "seq_len",
+        "packing",
+        "rows",
+        "waste",
+        "layout docs/s",
+        "rows/s",
+        "tokens/s",
+        "best_fit/concat",
+    ]
     counts = "; ".join(
         f"seq_len {c.seq_len}: {number(packing.docs_per_second(r, c.count_seconds))} docs/s"
         for c in r.cases
@@ -243,29 +321,41 @@ def objstore_table(r: ObjstoreResult) -> str:
     def paired(label: str, figure: str, starts: dict, digits: int, goal=None) -> list[str]:
         s3, local = ([getattr(s, figure) for s in starts[side]] for side in objstore.SIDES)
         ratio = paired_ratio(s3, local)
-        return [label, number(median(s3), digits), number(median(local), digits),
-                number(ratio, 2), goal(ratio) if goal else ""]  # fmt: skip
+        return [
+            label,
+            number(median(s3), digits),
+            number(median(local), digits),
+            number(ratio, 2),
+            goal(ratio) if goal else "",
+        ]
 
     def s3_only(label: str, values: list[float], digits: int, goal: str = "") -> list[str]:
         return [label, number(median(values), digits), "-", "", goal]
 
     fetched = [s.fetched_bytes / r.needed_bytes for s in cold["s3"]]
-    requests = " / ".join(number(median([s.requests[op] for s in warm["s3"]]))
-                          for op in objstore.OPS)  # fmt: skip
+    requests = " / ".join(
+        number(median([s.requests[op] for s in warm["s3"]])) for op in objstore.OPS
+    )
     rows = [
         paired("cold start: time to first batch (s)", "first_batch", cold, 2),
         paired("cold start: GetBatch tokens/s", "rate", cold, 0),
         paired("warm restart: time to first batch (s)", "first_batch", warm, 2),
-        paired("warm restart: GetBatch tokens/s", "rate", warm, 0,
-               lambda v: within(v, *WARM_RANGE)),
-        s3_only("cold start: bytes fetched / bytes needed", fetched, 3,
-                at_most(median(fetched), FETCH_TARGET)),
-        s3_only("cold start: GET requests per chunk", [s.gets / s.num_chunks for s in cold["s3"]],
-                2),
+        paired(
+            "warm restart: GetBatch tokens/s", "rate", warm, 0, lambda v: within(v, *WARM_RANGE)
+        ),
+        s3_only(
+            "cold start: bytes fetched / bytes needed",
+            fetched,
+            3,
+            at_most(median(fetched), FETCH_TARGET),
+        ),
+        s3_only(
+            "cold start: GET requests per chunk", [s.gets / s.num_chunks for s in cold["s3"]], 2
+        ),
         s3_only("warm restart: bytes fetched", [s.fetched_bytes for s in warm["s3"]], 0),
         ["warm restart: GET / HEAD / LIST requests", requests, "-", "", ""],
         ["batches unlike local files' (every step)", str(r.mismatches()), "-", "", "0"],
-    ]  # fmt: skip
+    ]
     c, first = r.corpus, cold["s3"][0]
     block, chunk = objstore.BLOCK_BYTES // 2**10, objstore.CHUNK_BYTES // 2**20
     title = (
@@ -284,9 +374,12 @@ def objstore_table(r: ObjstoreResult) -> str:
     table = render(title, ["", "S3", "local files", "S3/local", "target"], rows)
     stops = r.stops()
     bad = [s.describe() for s in stops if s.returncode != 0]
-    shutdown = (f"all {len(stops)} servers exited 0, at most "
-                f"{max(s.seconds for s in stops):.2f}s after SIGTERM" if not bad
-                else "; ".join(bad))  # fmt: skip
+    shutdown = (
+        f"all {len(stops)} servers exited 0, at most "
+        f"{max(s.seconds for s in stops):.2f}s after SIGTERM"
+        if not bad
+        else "; ".join(bad)
+    )
     notes = (
         "time to first batch: from launching the process to the answer for step 0, the client "
         "retrying while the job indexes;\n"
@@ -306,8 +399,15 @@ def objstore_table(r: ObjstoreResult) -> str:
 
 def store_table(r: store.StoreResult) -> str:
     mb = r.text_bytes / 1e6
-    rows = [["bare tokenizer (encode_batch_fast, this process)", number(mb / median(r.bare), 2),
-             number(r.tokens / median(r.bare) / 1e6, 2), "1.00", ""]]  # fmt: skip
+    rows = [
+        [
+            "bare tokenizer (encode_batch_fast, this process)",
+            number(mb / median(r.bare), 2),
+            number(r.tokens / median(r.bare) / 1e6, 2),
+            "1.00",
+            "",
+        ]
+    ]
     for workers, seconds in sorted(r.builds.items()):
         ratio = paired_ratio([1 / s for s in seconds], [1 / b for b in r.bare])
         rows.append(
@@ -333,8 +433,10 @@ def store_table(r: store.StoreResult) -> str:
         "threads"
     )
     x = r.index
-    lookups = [[f"{int(m):,}", number(x["cold"][m] * 1e3, 2), number(x["warm"][m] * 1e3, 3)]
-               for m in x["cold"]]  # fmt: skip
+    lookups = [
+        [f"{int(m):,}", number(x["cold"][m] * 1e3, 2), number(x["warm"][m] * 1e3, 3)]
+        for m in x["cold"]
+    ]
     rss = x["hwm_mb"]
     index_title = (
         f"7b. A server's index at corpus scale: {x['chunks']:,} chunks of 32M tokens in "
@@ -361,16 +463,32 @@ def smallobjects_table(r: smallobjects.SmallObjectsResult, workers: int) -> str:
         s, g = r.seconds[backend, "small"], r.seconds[backend, "large"]
         ratio = paired_ratio([1 / x for x in s], [1 / x for x in g])  # rates of one workload
         rows += [
-            [f"{label}: build MB/s of text", number(r.rate(median(s)), 2),
-             number(r.rate(median(g)), 2), number(ratio, 2), target(ratio, SMALL_OBJECTS_TARGET)],
+            [
+                f"{label}: build MB/s of text",
+                number(r.rate(median(s)), 2),
+                number(r.rate(median(g)), 2),
+                number(ratio, 2),
+                target(ratio, SMALL_OBJECTS_TARGET),
+            ],
             [f"{label}: build seconds", number(median(s), 2), number(median(g), 2), "", ""],
-            [f"{label}: chunks", str(r.chunks[backend, "small"]),
-             str(r.chunks[backend, "large"]), "", ""],
-        ]  # fmt: skip
-    rows.append([f"moto: bare GETs of the {small:,} small objects (s)",
-                 number(median(r.bare_gets), 2), "-", "", ""])  # fmt: skip
-    extra = [a - b for a, b in zip(r.seconds["s3", "small"], r.seconds["s3", "large"],
-                                   strict=True)]  # fmt: skip
+            [
+                f"{label}: chunks",
+                str(r.chunks[backend, "small"]),
+                str(r.chunks[backend, "large"]),
+                "",
+                "",
+            ],
+        ]
+    rows.append(
+        [
+            f"moto: bare GETs of the {small:,} small objects (s)",
+            number(median(r.bare_gets), 2),
+            "-",
+            "",
+            "",
+        ]
+    )
+    extra = [a - b for a, b in zip(r.seconds["s3", "small"], r.seconds["s3", "large"], strict=True)]
     title = (
         f"8. Many small objects: `tokenfeed build --workers {workers}` of the same {r.docs:,} "
         f"docs ({r.text_bytes / 1e6:.2f} MB of text) as {small:,} small .jsonl.gz objects "
@@ -378,8 +496,11 @@ def smallobjects_table(r: smallobjects.SmallObjectsResult, workers: int) -> str:
         f"   chunk_bytes {r.chunk_bytes:,} (the largest large object); an empty cache per build; "
         f"medians of {len(r.bare_gets)} rounds; ratio: median of the rounds' ratios"
     )
-    table = render(title, ["", f"{small:,} small objects", f"{large} large objects",
-                           "small/large", "target"], rows)  # fmt: skip
+    table = render(
+        title,
+        ["", f"{small:,} small objects", f"{large} large objects", "small/large", "target"],
+        rows,
+    )
     notes = (
         "build: wall time of the whole command (listing, planning, worker start-up, tokenizing, "
         "storing)\n"
@@ -395,9 +516,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     parser.add_argument(
-        "--only", action="append", choices=SECTIONS, metavar="SECTION",
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
         help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--before",
         default="",
@@ -406,14 +530,24 @@ def main() -> None:
     )
     args = parser.parse_args()
     only = set(args.only or SECTIONS)
-    (serving_sizes, tokenize_sizes, client_sizes, packing_sizes, objstore_sizes, store_sizes,
-     small_sizes) = QUICK if args.quick else FULL  # fmt: skip
+    (
+        serving_sizes,
+        tokenize_sizes,
+        client_sizes,
+        packing_sizes,
+        objstore_sizes,
+        store_sizes,
+        small_sizes,
+    ) = QUICK if args.quick else FULL
     threads = cores()
     OUT.mkdir(parents=True, exist_ok=True)
 
-    print(f"tokenfeed bench ({'quick' if args.quick else 'full'}): {threads} cores, "
-          f"Python {platform.python_version()}, grpcio {version('grpcio')}, "
-          f"tokenizers {version('tokenizers')}; working files in {OUT}\n", flush=True)  # fmt: skip
+    print(
+        f"tokenfeed bench ({'quick' if args.quick else 'full'}): {threads} cores, "
+        f"Python {platform.python_version()}, grpcio {version('grpcio')}, "
+        f"tokenizers {version('tokenizers')}; working files in {OUT}\n",
+        flush=True,
+    )
     start = time.perf_counter()
     if "serving" in only:
         print(serving_table(serving.run(serving_sizes, OUT, threads)) + "\n", flush=True)

@@ -50,11 +50,19 @@ FULL = ScaleSizes(calls=1000, rounds=5)
 
 
 def _config(work: Path, corpus: Path, tokenizer: Path) -> dict:
-    spec = {"sources": [str(corpus / "*")], "tokenizer": str(tokenizer), "seq_len": SEQ_LEN,
-            "global_batch_size": BATCH, "seed": 1, "chunk_bytes": f"{CHUNK_KIB}KiB",
-            "window_chunks": WINDOW}  # fmt: skip
-    return {"server": {"listen": "127.0.0.1:0", "cache_dir": str(work / "cache")},
-            "jobs": {"small": dict(spec), "large": dict(spec)}}  # fmt: skip
+    spec = {
+        "sources": [str(corpus / "*")],
+        "tokenizer": str(tokenizer),
+        "seq_len": SEQ_LEN,
+        "global_batch_size": BATCH,
+        "seed": 1,
+        "chunk_bytes": f"{CHUNK_KIB}KiB",
+        "window_chunks": WINDOW,
+    }
+    return {
+        "server": {"listen": "127.0.0.1:0", "cache_dir": str(work / "cache")},
+        "jobs": {"small": dict(spec), "large": dict(spec)},
+    }
 
 
 async def _serve(work: Path, ready_file: str) -> None:
@@ -108,8 +116,16 @@ async def _serve(work: Path, ready_file: str) -> None:
     await front.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    write_ready(ready_file, {"address": front.address, "pid": os.getpid(), "steps": steps,
-                             "real_chunks": n_real, "large_chunks": LARGE_CHUNKS})  # fmt: skip
+    write_ready(
+        ready_file,
+        {
+            "address": front.address,
+            "pid": os.getpid(),
+            "steps": steps,
+            "real_chunks": n_real,
+            "large_chunks": LARGE_CHUNKS,
+        },
+    )
     await stop.wait()
     await front.drain()
 
@@ -127,8 +143,9 @@ def run(sizes: ScaleSizes, out: Path) -> str:
     work = out / "scale"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    server = ServerProcess("scale", [sys.executable, "-m", "bench.scale", "serve",
-                                     "--work", str(work)], work)  # fmt: skip
+    server = ServerProcess(
+        "scale", [sys.executable, "-m", "bench.scale", "serve", "--work", str(work)], work
+    )
     address = server.start(600)
     info = json.loads(server.ready_file.read_text())
     steps = info["steps"]
@@ -146,10 +163,24 @@ def run(sizes: ScaleSizes, out: Path) -> str:
     for q in (50, 99):
         s, large = percentile(lat["small"], q) * 1e3, percentile(lat["large"], q) * 1e3
         ok = "met" if large / s <= TARGET else "missed"
-        rows.append([f"GetBatch p{q} (ms)", f"{s:.3f}", f"{large:.3f}", f"{large / s:.2f}",
-                     f"<= {TARGET} ({ok})"])  # fmt: skip
-    rows.append(["GetBatch median (ms)", f"{median(lat['small']) * 1e3:.3f}",
-                 f"{median(lat['large']) * 1e3:.3f}", "", ""])  # fmt: skip
+        rows.append(
+            [
+                f"GetBatch p{q} (ms)",
+                f"{s:.3f}",
+                f"{large:.3f}",
+                f"{large / s:.2f}",
+                f"<= {TARGET} ({ok})",
+            ]
+        )
+    rows.append(
+        [
+            "GetBatch median (ms)",
+            f"{median(lat['small']) * 1e3:.3f}",
+            f"{median(lat['large']) * 1e3:.3f}",
+            "",
+            "",
+        ]
+    )
     return render(
         f"GetBatch at corpus scale: {info['real_chunks']} real chunks vs an index of "
         f"{info['large_chunks']:,} chunks whose first {info['real_chunks']} are those; "

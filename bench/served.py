@@ -58,16 +58,27 @@ LAYOUTS = [
 ]
 
 
-def measure(work: Path, label: str, write, seq_len: int, chunk_bytes: str, texts: list[str],
-            tokenizer: Path) -> list[str]:  # fmt: skip
+def measure(
+    work: Path, label: str, write, seq_len: int, chunk_bytes: str, texts: list[str], tokenizer: Path
+) -> list[str]:
     root = work / "corpus"
     shutil.rmtree(work, ignore_errors=True)
     root.mkdir(parents=True)
     write(root, texts)
-    raw = {"server": {"cache_dir": str(work / "cache")},
-           "jobs": {"j": {"sources": [str(root / "*")], "tokenizer": str(tokenizer),
-                          "seq_len": seq_len, "global_batch_size": BATCH, "seed": 3,
-                          "chunk_bytes": chunk_bytes, "window_chunks": 4}}}  # fmt: skip
+    raw = {
+        "server": {"cache_dir": str(work / "cache")},
+        "jobs": {
+            "j": {
+                "sources": [str(root / "*")],
+                "tokenizer": str(tokenizer),
+                "seq_len": seq_len,
+                "global_batch_size": BATCH,
+                "seed": 3,
+                "chunk_bytes": chunk_bytes,
+                "window_chunks": 4,
+            }
+        },
+    }
     job = build_jobs(configmod.from_dict(raw))["j"]
 
     async def build() -> None:
@@ -90,8 +101,15 @@ def measure(work: Path, label: str, write, seq_len: int, chunk_bytes: str, texts
     # Version 1: each chunk packed alone, (T - 1) // L rows of L inputs each.
     old = int(((idx.units_per_chunk - 1).clip(min=0) // seq_len * seq_len).sum())
     objects = len(list(root.iterdir()))
-    return [label, f"{objects:,}", f"{len(idx.chunks):,}", str(seq_len), f"{units:,}",
-            f"{served / units:.4f}", f"{old / units:.4f}"]  # fmt: skip
+    return [
+        label,
+        f"{objects:,}",
+        f"{len(idx.chunks):,}",
+        str(seq_len),
+        f"{units:,}",
+        f"{served / units:.4f}",
+        f"{old / units:.4f}",
+    ]
 
 
 def run(quick: bool, out: Path) -> str:
@@ -101,10 +119,17 @@ def run(quick: bool, out: Path) -> str:
     return render(
         f"Every token: tokens served per epoch / tokens indexed ({len(texts):,} documents; "
         "indexed = document tokens + one EOS each)",
-        ["layout", "objects", "chunks", "seq_len", "tokens indexed", "served/indexed",
-         "per-chunk rule"],
+        [
+            "layout",
+            "objects",
+            "chunks",
+            "seq_len",
+            "tokens indexed",
+            "served/indexed",
+            "per-chunk rule",
+        ],
         rows,
-    )  # fmt: skip
+    )
 
 
 def main() -> None:

@@ -56,12 +56,24 @@ class ServingResult:
 
 def write_config(path: Path, corpus: Path, tokenizer: Path, cache: Path, threads: int) -> None:
     config = {
-        "server": {"listen": "127.0.0.1:0", "cache_dir": str(cache), "tokenize_threads": threads,
-                   "grace_seconds": GRACE_SECONDS},
-        "jobs": {JOB: {"sources": [str(corpus / "*")], "tokenizer": str(tokenizer),
-                       "seq_len": SEQ_LEN, "global_batch_size": GLOBAL_BATCH, "seed": 1,
-                       "chunk_bytes": "256KiB", "window_chunks": 4}},
-    }  # fmt: skip
+        "server": {
+            "listen": "127.0.0.1:0",
+            "cache_dir": str(cache),
+            "tokenize_threads": threads,
+            "grace_seconds": GRACE_SECONDS,
+        },
+        "jobs": {
+            JOB: {
+                "sources": [str(corpus / "*")],
+                "tokenizer": str(tokenizer),
+                "seq_len": SEQ_LEN,
+                "global_batch_size": GLOBAL_BATCH,
+                "seed": 1,
+                "chunk_bytes": "256KiB",
+                "window_chunks": 4,
+            }
+        },
+    }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -117,17 +129,33 @@ def measure_stream(
 
 
 def server_processes(work: Path, config: Path) -> tuple[ServerProcess, ServerProcess]:
-    tokenfeed = [str(Path(sys.executable).parent / "tokenfeed"), "serve", "--config", str(config),
-                 "--listen", "127.0.0.1:0"]  # fmt: skip
-    ceiling = [sys.executable, "-m", "bench.ceiling", "--rows", str(GLOBAL_BATCH), "--seq-len",
-               str(SEQ_LEN)]  # fmt: skip
+    tokenfeed = [
+        str(Path(sys.executable).parent / "tokenfeed"),
+        "serve",
+        "--config",
+        str(config),
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    ceiling = [
+        sys.executable,
+        "-m",
+        "bench.ceiling",
+        "--rows",
+        str(GLOBAL_BATCH),
+        "--seq-len",
+        str(SEQ_LEN),
+    ]
     return ServerProcess("tokenfeed", tokenfeed, work), ServerProcess("ceiling", ceiling, work)
 
 
 def alternate(
-    sizes: ServingSizes, clients: dict[str, Client], steps: int,
-    expected: dict[str, list[str] | None], figures: dict[str, Figures],
-) -> None:  # fmt: skip
+    sizes: ServingSizes,
+    clients: dict[str, Client],
+    steps: int,
+    expected: dict[str, list[str] | None],
+    figures: dict[str, Figures],
+) -> None:
     """Each round measures both servers, unary then stream, so drifts hit both alike."""
     for _ in range(sizes.rounds):
         for name, client in clients.items():

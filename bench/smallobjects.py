@@ -67,8 +67,7 @@ class SmallObjectsResult:
 
 def _gz(texts: list[str]) -> bytes:
     # mtime 0: the same documents give the same bytes (and ETags) every run
-    return gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode(),
-                         mtime=0)  # fmt: skip
+    return gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in texts).encode(), mtime=0)
 
 
 def _split(texts: list[str], parts: int) -> list[list[str]]:
@@ -90,8 +89,11 @@ def upload(s3, dirs: dict[str, Path]) -> None:
     s3.create_bucket(Bucket=BUCKET)
     jobs = [(f"{layout}/{p.name}", p) for layout, d in dirs.items() for p in sorted(d.iterdir())]
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-        list(pool.map(lambda kp: s3.put_object(Bucket=BUCKET, Key=kp[0],
-                                               Body=kp[1].read_bytes()), jobs))  # fmt: skip
+        list(
+            pool.map(
+                lambda kp: s3.put_object(Bucket=BUCKET, Key=kp[0], Body=kp[1].read_bytes()), jobs
+            )
+        )
 
 
 def bare_gets(s3, objects: list[str]) -> float:
@@ -102,16 +104,27 @@ def bare_gets(s3, objects: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def write_config(path: Path, source: str, tokenizer: Path, cache: Path, chunk_bytes: int,
-                 endpoint: str | None) -> Path:  # fmt: skip
+def write_config(
+    path: Path, source: str, tokenizer: Path, cache: Path, chunk_bytes: int, endpoint: str | None
+) -> Path:
     config = {
         "server": {"cache_dir": str(cache)},
-        "jobs": {"build": {"sources": [source], "tokenizer": str(tokenizer), "seq_len": 2048,
-                           "global_batch_size": 8, "chunk_bytes": chunk_bytes}},
-    }  # fmt: skip
+        "jobs": {
+            "build": {
+                "sources": [source],
+                "tokenizer": str(tokenizer),
+                "seq_len": 2048,
+                "global_batch_size": 8,
+                "chunk_bytes": chunk_bytes,
+            }
+        },
+    }
     if endpoint is not None:
-        config["object_store"] = {"endpoint_url": endpoint, "region": "us-east-1",
-                                  "addressing_style": "path"}  # fmt: skip
+        config["object_store"] = {
+            "endpoint_url": endpoint,
+            "region": "us-east-1",
+            "addressing_style": "path",
+        }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -119,8 +132,16 @@ def write_config(path: Path, source: str, tokenizer: Path, cache: Path, chunk_by
 def build(config: Path, cache: Path, workers: int) -> tuple[float, int]:
     """(wall seconds of the whole command, chunks built) of `tokenfeed build`, empty cache."""
     shutil.rmtree(cache, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(config),
-           "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.cli",
+        "build",
+        "--config",
+        str(config),
+        "--workers",
+        str(workers),
+    ]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -142,10 +163,12 @@ def run(sizes: SmallObjectsSizes, out: Path, threads: int) -> SmallObjectsResult
     # Both layouts in about LARGE_OBJECTS chunks: one large object per chunk.
     chunk_bytes = max(sizes_of["large"])
     result = SmallObjectsResult(
-        docs=len(texts), text_bytes=sum(len(t.encode()) for t in texts),
+        docs=len(texts),
+        text_bytes=sum(len(t.encode()) for t in texts),
         objects={layout: len(v) for layout, v in sizes_of.items()},
-        source_bytes={layout: sum(v) for layout, v in sizes_of.items()}, chunk_bytes=chunk_bytes,
-    )  # fmt: skip
+        source_bytes={layout: sum(v) for layout, v in sizes_of.items()},
+        chunk_bytes=chunk_bytes,
+    )
     s3env, _ = from_tests()
     with s3env.MotoServer(work) as moto, mock.patch.dict(os.environ, CREDENTIALS):
         s3 = s3env.s3_client(moto.endpoint, max_pool_connections=2 * GETS_IN_FLIGHT)
@@ -154,13 +177,24 @@ def run(sizes: SmallObjectsSizes, out: Path, threads: int) -> SmallObjectsResult
         configs = {}
         for backend in BACKENDS:
             for layout in LAYOUTS:
-                source = (f"s3://{BUCKET}/{layout}/*.jsonl.gz" if backend == "s3"
-                          else str(dirs[layout] / "*.jsonl.gz"))  # fmt: skip
+                source = (
+                    f"s3://{BUCKET}/{layout}/*.jsonl.gz"
+                    if backend == "s3"
+                    else str(dirs[layout] / "*.jsonl.gz")
+                )
                 endpoint = moto.endpoint if backend == "s3" else None
                 cache = work / f"cache-{backend}-{layout}"
-                configs[backend, layout] = (write_config(
-                    work / f"{backend}-{layout}.yaml", source, tokenizer, cache, chunk_bytes,
-                    endpoint), cache)  # fmt: skip
+                configs[backend, layout] = (
+                    write_config(
+                        work / f"{backend}-{layout}.yaml",
+                        source,
+                        tokenizer,
+                        cache,
+                        chunk_bytes,
+                        endpoint,
+                    ),
+                    cache,
+                )
                 result.seconds[backend, layout] = []
         for r in range(sizes.rounds):
             result.bare_gets.append(bare_gets(s3, small_keys))

@@ -61,9 +61,16 @@ class StoreResult:
 def _config(work: Path, corpus: Path, tokenizer: Path, cache: Path) -> Path:
     config = {
         "server": {"cache_dir": str(cache)},
-        "jobs": {"build": {"sources": [str(corpus / "*.jsonl")], "tokenizer": str(tokenizer),
-                           "seq_len": 2048, "global_batch_size": 8, "chunk_bytes": CHUNK_BYTES}},
-    }  # fmt: skip
+        "jobs": {
+            "build": {
+                "sources": [str(corpus / "*.jsonl")],
+                "tokenizer": str(tokenizer),
+                "seq_len": 2048,
+                "global_batch_size": 8,
+                "chunk_bytes": CHUNK_BYTES,
+            }
+        },
+    }
     path = work / "tokenfeed.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -80,11 +87,22 @@ def _bare(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
 
 def _build(config: Path, cache: Path, workers: int) -> tuple[float, int]:
     shutil.rmtree(cache, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(config),
-           "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.cli",
+        "build",
+        "--config",
+        str(config),
+        "--workers",
+        str(workers),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    found = re.search(r"tokenized (\d+) chunks, 0 were already in the store; [\d.]+ MB in "
-                      r"([\d.]+)s", out)  # fmt: skip
+    found = re.search(
+        r"tokenized (\d+) chunks, 0 were already in the store; [\d.]+ MB in "
+        r"([\d.]+)s",
+        out,
+    )
     if found is None:
         raise RuntimeError(f"unexpected build output:\n{out}")
     return float(found.group(2)), int(found.group(1))
@@ -93,8 +111,9 @@ def _build(config: Path, cache: Path, workers: int) -> tuple[float, int]:
 def _index(lookups: int) -> dict:
     code = f"from bench.store import index_child; index_child({lookups})"
     root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=root)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -121,19 +140,28 @@ def index_child(lookups: int) -> None:
     tok = democorpus.prepare(Path(__file__).resolve().parent / "out" / "democorpus")[1]
     raw = {
         "server": {"cache_dir": str(work)},
-        "jobs": {"big": {"sources": ["s3://bench/*.jsonl"], "tokenizer": str(tok),
-                         "seq_len": SEQ_LEN, "global_batch_size": BATCH,
-                         "chunk_bytes": "128MiB", "window_chunks": 8}},
-    }  # fmt: skip
+        "jobs": {
+            "big": {
+                "sources": ["s3://bench/*.jsonl"],
+                "tokenizer": str(tok),
+                "seq_len": SEQ_LEN,
+                "global_batch_size": BATCH,
+                "chunk_bytes": "128MiB",
+                "window_chunks": 8,
+            }
+        },
+    }
     job = build_jobs(configmod.from_dict(raw))["big"]
     size = 128 * 2**20
     started = time.perf_counter()
     chunks = []
     for o in range(INDEX_CHUNKS // CHUNKS_PER_OBJECT):
-        obj = ObjectInfo(f"s3://bench/corpus/shard-{o:06d}.jsonl", size * CHUNKS_PER_OBJECT,
-                         f'"{o:032x}"')  # fmt: skip
-        chunks += [Chunk(obj, "jsonl", "text", k * size, (k + 1) * size)
-                   for k in range(CHUNKS_PER_OBJECT)]  # fmt: skip
+        obj = ObjectInfo(
+            f"s3://bench/corpus/shard-{o:06d}.jsonl", size * CHUNKS_PER_OBJECT, f'"{o:032x}"'
+        )
+        chunks += [
+            Chunk(obj, "jsonl", "text", k * size, (k + 1) * size) for k in range(CHUNKS_PER_OBJECT)
+        ]
     idx = job.index
     idx.adopt(chunks)
     rng = np.random.default_rng(0)
@@ -159,13 +187,23 @@ def index_child(lookups: int) -> None:
             again.append(time.perf_counter() - t)
         cold[m], warm[m] = median(first), median(again)
     shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({
-        "chunks": n, "objects": n // CHUNKS_PER_OBJECT,
-        "tokens": int(idx.num_tokens.sum()), "steps_per_epoch": steps_per_epoch,
-        "rss_base_mb": base, "rss_index_mb": after_index, "rss_end_mb": _status_mb("VmRSS"),
-        "hwm_mb": _status_mb("VmHWM"), "plan_seconds": planned,
-        "cold": {str(k): v for k, v in cold.items()}, "warm": {str(k): v for k, v in warm.items()},
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "chunks": n,
+                "objects": n // CHUNKS_PER_OBJECT,
+                "tokens": int(idx.num_tokens.sum()),
+                "steps_per_epoch": steps_per_epoch,
+                "rss_base_mb": base,
+                "rss_index_mb": after_index,
+                "rss_end_mb": _status_mb("VmRSS"),
+                "hwm_mb": _status_mb("VmHWM"),
+                "plan_seconds": planned,
+                "cold": {str(k): v for k, v in cold.items()},
+                "warm": {str(k): v for k, v in warm.items()},
+            }
+        )
+    )
 
 
 def run(sizes: StoreSizes, out: Path) -> StoreResult:
@@ -190,5 +228,4 @@ def run(sizes: StoreSizes, out: Path) -> StoreResult:
             seconds, chunks = _build(config, cache, workers)
             builds[workers].append(seconds)
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    return StoreResult(len(texts), text_bytes, tokens, chunks, bare, builds,
-                       _index(sizes.lookups))  # fmt: skip
+    return StoreResult(len(texts), text_bytes, tokens, chunks, bare, builds, _index(sizes.lookups))

@@ -62,9 +62,17 @@ def write_jsonl(path: Path, texts: list[str]) -> None:
 def write_config(path: Path, corpus: Path, tokenizer: Path, threads: int) -> None:
     config = {
         "server": {"cache_dir": str(path.parent / "cache"), "tokenize_threads": threads},
-        "jobs": {JOB: {"sources": [str(corpus)], "tokenizer": str(tokenizer), "seq_len": 2048,
-                       "global_batch_size": 8, "seed": 1, "chunk_bytes": CHUNK_BYTES}},
-    }  # fmt: skip
+        "jobs": {
+            JOB: {
+                "sources": [str(corpus)],
+                "tokenizer": str(tokenizer),
+                "seq_len": 2048,
+                "global_batch_size": 8,
+                "seed": 1,
+                "chunk_bytes": CHUNK_BYTES,
+            }
+        },
+    }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -92,8 +100,10 @@ def time_index(cfg: configmod.Config, cache: Path, expected_docs: int) -> tuple[
     seconds = time.perf_counter() - start
     docs = int(job.index.num_docs.sum())
     if job.state != "ready" or docs != expected_docs:
-        raise RuntimeError(f"index build: state {job.state} ({job.error or 'no error'}), "
-                           f"{docs} documents indexed of {expected_docs}")  # fmt: skip
+        raise RuntimeError(
+            f"index build: state {job.state} ({job.error or 'no error'}), "
+            f"{docs} documents indexed of {expected_docs}"
+        )
     return seconds, len(job.index.chunks)
 
 

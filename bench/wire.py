@@ -72,10 +72,18 @@ def job_name(rows: int, seq_len: int) -> str:
 
 
 def write_config(path: Path, corpus: Path, tokenizer: Path, cache: Path, workers: int) -> None:
-    jobs = {job_name(r, s): {"sources": [str(corpus / "*")], "tokenizer": str(tokenizer),
-                             "seq_len": s, "global_batch_size": r, "seed": 1,
-                             "chunk_bytes": "256KiB", "window_chunks": 4}
-            for r, s in SHAPES}  # fmt: skip
+    jobs = {
+        job_name(r, s): {
+            "sources": [str(corpus / "*")],
+            "tokenizer": str(tokenizer),
+            "seq_len": s,
+            "global_batch_size": r,
+            "seed": 1,
+            "chunk_bytes": "256KiB",
+            "window_chunks": 4,
+        }
+        for r, s in SHAPES
+    }
     server = {"listen": "127.0.0.1:0", "cache_dir": str(cache), "grace_seconds": 2.0}
     if workers > 1:
         server["workers"] = workers
@@ -93,8 +101,15 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def consumers(target: str, job: str, steps: int, count: int = 1, env: dict | None = None,
-              mode: str = "stream", wrap: int = 0) -> list[dict]:  # fmt: skip
+def consumers(
+    target: str,
+    job: str,
+    steps: int,
+    count: int = 1,
+    env: dict | None = None,
+    mode: str = "stream",
+    wrap: int = 0,
+) -> list[dict]:
     """`count` consumer processes, each streaming `steps` steps of its own rank (within the
     first `wrap` steps, over and over: warm serving on a small corpus)."""
     procs = [
@@ -121,7 +136,7 @@ def consumers(target: str, job: str, steps: int, count: int = 1, env: dict | Non
             stdout=subprocess.PIPE,
             cwd=ROOT,
             env=env,
-        )  # fmt: skip
+        )
         for r in range(count)
     ]
     out = []
@@ -154,11 +169,14 @@ def wait_ready(address: str, env: dict | None = None) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     for rows, seq_len in SHAPES:
         while True:
-            code = ("import sys; from tokenfeed.client import Client; "
-                    f"c = Client({address!r}, job={job_name(rows, seq_len)!r}); "
-                    "i = c.describe(); print(i['steps_per_epoch'], i['state'])")  # fmt: skip
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 env=env, cwd=ROOT).stdout.strip()  # fmt: skip
+            code = (
+                "import sys; from tokenfeed.client import Client; "
+                f"c = Client({address!r}, job={job_name(rows, seq_len)!r}); "
+                "i = c.describe(); print(i['steps_per_epoch'], i['state'])"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+            ).stdout.strip()
             state = out.split()[-1] if out else ""
             if state.endswith("READY"):
                 EPOCH_STEPS[(rows, seq_len)] = int(out.split()[0])
@@ -194,10 +212,22 @@ def rate(results: list[dict]) -> float:
 
 def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResult) -> None:
     server = serve(work, "tokenfeed", config)
-    ceilings = {shape: ServerProcess(f"ceiling-{shape[0]}x{shape[1]}",
-                                     [sys.executable, "-m", "bench.ceiling", "--rows",
-                                      str(shape[0]), "--seq-len", str(shape[1])], work)
-                for shape in SHAPES}  # fmt: skip
+    ceilings = {
+        shape: ServerProcess(
+            f"ceiling-{shape[0]}x{shape[1]}",
+            [
+                sys.executable,
+                "-m",
+                "bench.ceiling",
+                "--rows",
+                str(shape[0]),
+                "--seq-len",
+                str(shape[1]),
+            ],
+            work,
+        )
+        for shape in SHAPES
+    }
     try:
         wait_ready(server.address)
         for c in ceilings.values():
@@ -226,9 +256,15 @@ def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResu
                 c.stop(15)
 
 
-def measure_workers(work: Path, corpus: Path, tokenizer: Path, sizes: WireSizes,
-                    result: WireResult, counts: tuple[int, ...] = (1, 2),
-                    readers: int = 2) -> None:  # fmt: skip
+def measure_workers(
+    work: Path,
+    corpus: Path,
+    tokenizer: Path,
+    sizes: WireSizes,
+    result: WireResult,
+    counts: tuple[int, ...] = (1, 2),
+    readers: int = 2,
+) -> None:
     rows, seq_len = SHAPES[0]
     steps = max(sizes.tokens // (rows * seq_len), 10)
     result.readers = readers
@@ -241,20 +277,26 @@ def measure_workers(work: Path, corpus: Path, tokenizer: Path, sizes: WireSizes,
             wrap = EPOCH_STEPS[(rows, seq_len)]
             consumers(server.address, job_name(rows, seq_len), wrap, count=readers, wrap=wrap)
             for _ in range(sizes.rounds):
-                got = consumers(server.address, job_name(rows, seq_len), steps, count=readers,
-                                wrap=wrap)  # fmt: skip
+                got = consumers(
+                    server.address, job_name(rows, seq_len), steps, count=readers, wrap=wrap
+                )
                 result.workers.setdefault(n, []).append(rate(got))
         finally:
             server.stop(15)
 
 
-def measure_before(work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: WireSizes,
-                   result: WireResult) -> None:  # fmt: skip
+def measure_before(
+    work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: WireSizes, result: WireResult
+) -> None:
     """The same stream from the server and client of commit `rev` (its own cache)."""
     tree = work / "before"
     if not tree.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT,
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"}
     config = work / "before.yaml"
     write_config(config, corpus, tokenizer, work / "before-cache", 1)
@@ -290,8 +332,13 @@ def corpus_of(work: Path) -> tuple[Path, int]:
     return corpus, len(docs)
 
 
-def run(sizes: WireSizes, out: Path, before: str = "", workers: tuple[int, ...] = (1, 2),
-        readers: int = 2) -> WireResult:  # fmt: skip
+def run(
+    sizes: WireSizes,
+    out: Path,
+    before: str = "",
+    workers: tuple[int, ...] = (1, 2),
+    readers: int = 2,
+) -> WireResult:
     _, tokenizer, _ = democorpus.prepare(out / "democorpus")
     work = out / "wire"
     work.mkdir(parents=True, exist_ok=True)
@@ -314,10 +361,17 @@ def table(r: WireResult) -> str:
         tf, cl, mm = median(r.tokenfeed[shape]), median(r.ceiling[shape]), median(r.memmap[shape])
         ratio = median([a / b for a, b in zip(r.tokenfeed[shape], r.ceiling[shape], strict=True)])
         goal = TARGETS[shape]
-        rows.append([f"[{shape[0]}, {shape[1]}] StreamBatches", number(tf / 1e6, 1),
-                     number(cl / 1e6, 1), f"{ratio:.2f}",
-                     f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
-                     number(mm / 1e6, 1), f"{tf / mm:.3f}"])  # fmt: skip
+        rows.append(
+            [
+                f"[{shape[0]}, {shape[1]}] StreamBatches",
+                number(tf / 1e6, 1),
+                number(cl / 1e6, 1),
+                f"{ratio:.2f}",
+                f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
+                number(mm / 1e6, 1),
+                f"{tf / mm:.3f}",
+            ]
+        )
     main = render(
         f"Wire: StreamBatches to one consumer process, M tokens/s (median of "
         f"{len(r.tokenfeed[SHAPES[0]])} rounds; {r.docs:,} docs)",
@@ -329,16 +383,33 @@ def table(r: WireResult) -> str:
         after = median(r.cpu[shape])
         if shape in r.before:
             b_rate, b_cpu = r.before[shape]
-            cpu_rows.append([f"[{shape[0]}, {shape[1]}]", f"{b_cpu:.3f}", f"{after:.3f}",
-                             f"{b_cpu / after:.1f}x", number(b_rate / 1e6, 1),
-                             number(median(r.tokenfeed[shape]) / 1e6, 1)])  # fmt: skip
+            cpu_rows.append(
+                [
+                    f"[{shape[0]}, {shape[1]}]",
+                    f"{b_cpu:.3f}",
+                    f"{after:.3f}",
+                    f"{b_cpu / after:.1f}x",
+                    number(b_rate / 1e6, 1),
+                    number(median(r.tokenfeed[shape]) / 1e6, 1),
+                ]
+            )
         else:
-            cpu_rows.append([f"[{shape[0]}, {shape[1]}]", "-", f"{after:.3f}", "-", "-",
-                             number(median(r.tokenfeed[shape]) / 1e6, 1)])  # fmt: skip
+            cpu_rows.append(
+                [
+                    f"[{shape[0]}, {shape[1]}]",
+                    "-",
+                    f"{after:.3f}",
+                    "-",
+                    "-",
+                    number(median(r.tokenfeed[shape]) / 1e6, 1),
+                ]
+            )
     before = f"before: commit {r.before_rev}" if r.before_rev else "before: not run (--before REV)"
-    cpu = render(f"Server CPU seconds per million tokens streamed ({before})",
-                 ["batch", "CPU s/M before", "CPU s/M now", "less", "M tok/s before",
-                  "M tok/s now"], cpu_rows)  # fmt: skip
+    cpu = render(
+        f"Server CPU seconds per million tokens streamed ({before})",
+        ["batch", "CPU s/M before", "CPU s/M now", "less", "M tok/s before", "M tok/s now"],
+        cpu_rows,
+    )
     w = {n: median(v) for n, v in r.workers.items()}
     workers = render(
         f"Serving workers, {r.readers} consumer processes streaming ranks 0..{r.readers - 1} of "

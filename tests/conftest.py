@@ -29,8 +29,9 @@ def corpus(tmp_path_factory, texts) -> Path:
     (root / "part-1.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
     plain.unlink()
     rest = texts[b:]
-    pq.write_table(pa.table({"text": rest}), root / "part-2.parquet",
-                   row_group_size=len(rest) // 3 + 1)  # fmt: skip
+    pq.write_table(
+        pa.table({"text": rest}), root / "part-2.parquet", row_group_size=len(rest) // 3 + 1
+    )
     return root
 
 

@@ -17,10 +17,15 @@ import numpy as np
 
 MAGIC = b"MMIDIDX\x00\x00"
 CODES = {
-    np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7,
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
     np.dtype(np.uint16): 8,
-}  # fmt: skip
+}
 DTYPES = {code: dtype for dtype, code in CODES.items()}
 
 
@@ -58,5 +63,7 @@ def read(prefix: Path | str) -> list[np.ndarray]:
     lengths = np.frombuffer(idx[34 : 34 + 4 * n], dtype="<i4")
     pointers = np.frombuffer(idx[34 + 4 * n : 34 + 12 * n], dtype="<i8")
     data = Path(f"{prefix}.bin").read_bytes()
-    return [np.frombuffer(data[p : p + k * dtype.itemsize], dtype=dtype)
-            for k, p in zip(lengths.tolist(), pointers.tolist(), strict=True)]  # fmt: skip
+    return [
+        np.frombuffer(data[p : p + k * dtype.itemsize], dtype=dtype)
+        for k, p in zip(lengths.tolist(), pointers.tolist(), strict=True)
+    ]

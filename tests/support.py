@@ -18,8 +18,9 @@ DATA = Path(__file__).parent / "data"
 TOKENIZER = DATA / "tokenizer.json"
 
 
-def write_config(path: Path, jobs: dict[str, dict], cache_dir: Path,
-                 object_store: dict | None = None, **server) -> Path:  # fmt: skip
+def write_config(
+    path: Path, jobs: dict[str, dict], cache_dir: Path, object_store: dict | None = None, **server
+) -> Path:
     raw = {
         "server": {"listen": "127.0.0.1:0", "cache_dir": str(cache_dir), **server},
         "jobs": jobs,
@@ -55,12 +56,26 @@ class ServerProcess:
     def __init__(self, config: Path, log_path: Path, *extra: str):
         self.ready = config.with_suffix(f".ready.{time.monotonic_ns()}.json")
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(config),
-               "--ready-file", str(self.ready), *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tokenfeed.server.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--ready-file",
+            str(self.ready),
+            *extra,
+        ]
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         # The S3-compatible test server takes any credentials; boto3 finds these in its chain.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "AWS_ACCESS_KEY_ID": "testing",
-               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
         while not self.ready.exists():
@@ -104,14 +119,16 @@ def scrape(address: str) -> dict[tuple[str, tuple], float]:
 
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def metric(samples: dict, name: str, **labels) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
-    return sum(v for (n, ls), v in samples.items()
-               if n == name and set(labels.items()) <= set(ls))  # fmt: skip
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
 def batch_bytes(batch) -> dict[str, bytes]:

@@ -13,8 +13,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # (grpc itself aliases grpc_health and grpc_reflection when they are installed, so those two
 # are checked by the fresh-environment test instead.)
-SERVER_ONLY = ("pyarrow", "tokenizers", "boto3", "botocore", "uvloop", "yaml", "zstandard",
-               "orjson", "prometheus_client", "tokenfeed.server", "torch", "jax")  # fmt: skip
+SERVER_ONLY = (
+    "pyarrow",
+    "tokenizers",
+    "boto3",
+    "botocore",
+    "uvloop",
+    "yaml",
+    "zstandard",
+    "orjson",
+    "prometheus_client",
+    "tokenfeed.server",
+    "torch",
+    "jax",
+)
 
 
 def test_importing_the_client_imports_no_server_module():
@@ -22,8 +34,12 @@ def test_importing_the_client_imports_no_server_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
     assert "grpc" in loaded and "numpy" in loaded
-    leaked = sorted(m for m in loaded if m.split(".")[0] in SERVER_ONLY or
-                    any(m == s or m.startswith(s + ".") for s in SERVER_ONLY))  # fmt: skip
+    leaked = sorted(
+        m
+        for m in loaded
+        if m.split(".")[0] in SERVER_ONLY
+        or any(m == s or m.startswith(s + ".") for s in SERVER_ONLY)
+    )
     assert not leaked, f"tokenfeed.client pulled in server dependencies: {leaked}"
 
 
@@ -33,10 +49,18 @@ def test_client_installs_alone_in_a_fresh_environment(tmp_path):
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     pip = [str(py), "-m", "pip", "install", "--quiet", "-c", str(ROOT / "constraints.txt")]
-    subprocess.run([*pip, str(ROOT / "client")], check=True, timeout=600,
-                   env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})  # fmt: skip
-    listed = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"],
-                            capture_output=True, text=True, check=True).stdout.lower()  # fmt: skip
+    subprocess.run(
+        [*pip, str(ROOT / "client")],
+        check=True,
+        timeout=600,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    listed = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.lower()
     for dep in ("pyarrow", "tokenizers", "boto3", "uvloop", "grpcio-health", "tokenfeed=="):
         assert dep not in listed, f"{dep} was installed with the client"
     code = "from tokenfeed.client import Client, Batch; print(Client.__name__)"

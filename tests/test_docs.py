@@ -22,8 +22,10 @@ def _python_block(doc: str) -> str:
 
 def test_token_store_reader_from_the_docs(tmp_path, texts):
     corpus = write_jsonl(tmp_path / "c.jsonl", texts[:50])
-    raw = {"server": {"cache_dir": str(tmp_path / "cache")},
-           "jobs": {"j": job_spec([corpus], chunk_bytes="1MiB")}}  # fmt: skip
+    raw = {
+        "server": {"cache_dir": str(tmp_path / "cache")},
+        "jobs": {"j": job_spec([corpus], chunk_bytes="1MiB")},
+    }
     job = build_jobs(configmod.from_dict(raw))["j"]
 
     async def build():

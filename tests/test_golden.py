@@ -27,12 +27,18 @@ FINGERPRINT_STEPS = (0, 1, 2, 3, 10, 25, 26, 27, 100, 1000)
 def _job(cache: Path):
     raw = {
         "server": {"cache_dir": str(cache)},
-        "jobs": {"golden": {
-            "sources": [str(DATA / "golden" / "corpus.jsonl")], "tokenizer": str(TOKENIZER),
-            "seq_len": 48, "global_batch_size": 4, "seed": 1234, "chunk_bytes": "8KiB",
-            "window_chunks": 3,
-        }},
-    }  # fmt: skip
+        "jobs": {
+            "golden": {
+                "sources": [str(DATA / "golden" / "corpus.jsonl")],
+                "tokenizer": str(TOKENIZER),
+                "seq_len": 48,
+                "global_batch_size": 4,
+                "seed": 1234,
+                "chunk_bytes": "8KiB",
+                "window_chunks": 3,
+            }
+        },
+    }
     job = build_jobs(configmod.from_dict(raw))["golden"]
 
     async def build():
@@ -64,8 +70,9 @@ def _dump(observed: dict) -> str:
     lines = ["{", f' "steps_per_epoch": {observed["steps_per_epoch"]},', ' "batches": {']
     items = list(observed["batches"].items())
     for i, (step, batch) in enumerate(items):
-        lines.append(f'  "{step}": {{"epoch": {batch["epoch"]}, '
-                     f'"fingerprint": "{batch["fingerprint"]}"')  # fmt: skip
+        lines.append(
+            f'  "{step}": {{"epoch": {batch["epoch"]}, "fingerprint": "{batch["fingerprint"]}"'
+        )
         for name in ("input_ids", "position_ids", "segment_ids"):
             if name in batch:
                 rows = ",\n    ".join(json.dumps(r) for r in batch[name])

@@ -17,8 +17,11 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1
 from pydantic import ValidationError
 
-KINDS = {"ServiceMonitor": v1.ServiceMonitor, "PrometheusRule": v1.PrometheusRule,
-         "PodMonitor": v1.PodMonitor}  # fmt: skip
+KINDS = {
+    "ServiceMonitor": v1.ServiceMonitor,
+    "PrometheusRule": v1.PrometheusRule,
+    "PodMonitor": v1.PodMonitor,
+}
 
 
 def unknown_fields(given, kept, path: str) -> list[str]:
@@ -31,8 +34,11 @@ def unknown_fields(given, kept, path: str) -> list[str]:
                 out.extend(unknown_fields(value, kept[key], f"{path}.{key}"))
         return out
     if isinstance(given, list) and isinstance(kept, list):
-        return [p for i, (g, k) in enumerate(zip(given, kept, strict=False))
-                for p in unknown_fields(g, k, f"{path}[{i}]")]  # fmt: skip
+        return [
+            p
+            for i, (g, k) in enumerate(zip(given, kept, strict=False))
+            for p in unknown_fields(g, k, f"{path}[{i}]")
+        ]
     return []
 
 

@@ -77,8 +77,11 @@ def test_server_image_contract():
     (entrypoint,) = d.final("ENTRYPOINT")
     (cmd,) = d.final("CMD")
     assert entrypoint.json_args() + cmd.json_args() == [
-        "tokenfeed", "serve", "--config", "/etc/tokenfeed/config.yaml",
-    ]  # fmt: skip
+        "tokenfeed",
+        "serve",
+        "--config",
+        "/etc/tokenfeed/config.yaml",
+    ]
     (health,) = d.final("HEALTHCHECK")
     assert health.json_args()[:2] == ["python", "-c"]
     (stop,) = d.final("STOPSIGNAL")
@@ -101,14 +104,29 @@ def test_everything_copied_is_in_the_build_context(name):
 
 def test_dockerignore_keeps_the_rest_out():
     patterns = dockerignore_patterns()
-    for path in (".venv/bin/python", ".tools/bin/promtool", ".git/HEAD", ".demo/tokenizer.json",
-                 "tests/conftest.py", "build/lib/x.py", "client/build/lib/x.py",
-                 "server/tokenfeed.egg-info/PKG-INFO", "server/tokenfeed/__pycache__/x.pyc",
-                 "docker-compose.yml", "deploy/k8s/fleet/statefulset.yaml"):  # fmt: skip
+    for path in (
+        ".venv/bin/python",
+        ".tools/bin/promtool",
+        ".git/HEAD",
+        ".demo/tokenizer.json",
+        "tests/conftest.py",
+        "build/lib/x.py",
+        "client/build/lib/x.py",
+        "server/tokenfeed.egg-info/PKG-INFO",
+        "server/tokenfeed/__pycache__/x.pyc",
+        "docker-compose.yml",
+        "deploy/k8s/fleet/statefulset.yaml",
+    ):
         assert dockerignore_excludes(patterns, path), path
-    for path in ("pyproject.toml", "README.md", "constraints.txt",
-                 "server/tokenfeed/server/app.py", "client/tokenfeed/client/__init__.py",
-                 "client/tokenfeed/v1/tokenfeed_pb2.py", "client/pyproject.toml"):  # fmt: skip
+    for path in (
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "server/tokenfeed/server/app.py",
+        "client/tokenfeed/client/__init__.py",
+        "client/tokenfeed/v1/tokenfeed_pb2.py",
+        "client/pyproject.toml",
+    ):
         assert not dockerignore_excludes(patterns, path), path
 
 
@@ -122,11 +140,14 @@ def wheels(tmp_path_factory):
     out = context / "wheels"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     pip = [ROOT / ".venv" / "bin" / "python", "-m", "pip"]
-    run([*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", out,
-         "./client", "."], cwd=context, env=env, timeout=120)  # fmt: skip
+    run(
+        [*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", out, "./client", "."],
+        cwd=context,
+        env=env,
+        timeout=120,
+    )
     built = sorted(p.name for p in out.iterdir())
-    assert built == ["tokenfeed-0.1.0-py3-none-any.whl",
-                     "tokenfeed_client-0.1.0-py3-none-any.whl"]  # fmt: skip
+    assert built == ["tokenfeed-0.1.0-py3-none-any.whl", "tokenfeed_client-0.1.0-py3-none-any.whl"]
     return context, out
 
 
@@ -149,10 +170,25 @@ def test_image_install_resolves_to_pinned_wheels(wheels):
     context, out = wheels
     report = context / "report.json"
     pip = [ROOT / ".venv" / "bin" / "python", "-m", "pip"]
-    run([*pip, "install", "--quiet", "--dry-run", "--ignore-installed", "--only-binary", ":all:",
-         "--report", report, "-c", "constraints.txt",
-         out / "tokenfeed_client-0.1.0-py3-none-any.whl", out / "tokenfeed-0.1.0-py3-none-any.whl"],
-        cwd=context, timeout=120)  # fmt: skip
+    run(
+        [
+            *pip,
+            "install",
+            "--quiet",
+            "--dry-run",
+            "--ignore-installed",
+            "--only-binary",
+            ":all:",
+            "--report",
+            report,
+            "-c",
+            "constraints.txt",
+            out / "tokenfeed_client-0.1.0-py3-none-any.whl",
+            out / "tokenfeed-0.1.0-py3-none-any.whl",
+        ],
+        cwd=context,
+        timeout=120,
+    )
     pins = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         if "==" in line and not line.startswith("#"):

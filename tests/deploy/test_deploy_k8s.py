@@ -50,11 +50,15 @@ def _id(item) -> str:
 def test_the_expected_manifests_exist():
     kinds = {(p.relative_to(K8S).parts[0], d["kind"]) for p, d in manifests()}
     assert kinds == {
-        ("sidecar", "ConfigMap"), ("sidecar", "Job"),
-        ("fleet", "ConfigMap"), ("fleet", "Service"), ("fleet", "StatefulSet"),
-        ("fleet", "PodDisruptionBudget"), ("fleet", "ServiceMonitor"),
+        ("sidecar", "ConfigMap"),
+        ("sidecar", "Job"),
+        ("fleet", "ConfigMap"),
+        ("fleet", "Service"),
+        ("fleet", "StatefulSet"),
+        ("fleet", "PodDisruptionBudget"),
+        ("fleet", "ServiceMonitor"),
         ("fleet", "PrometheusRule"),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -90,8 +94,9 @@ def test_operator_resources_match_the_operator_api(tmp_path):
     out = run([tool("venv/bin/python"), OPERATOR_CHECK, *files, *broken], timeout=60).stdout
     problems = json.loads(out)
     assert [p for p in problems if not p.startswith(str(tmp_path))] == []
-    assert any(p.startswith(f"{broken[0]}#0") and "intervall: unknown field" in p
-               for p in problems), problems  # fmt: skip
+    assert any(
+        p.startswith(f"{broken[0]}#0") and "intervall: unknown field" in p for p in problems
+    ), problems
     assert any(p.startswith(f"{broken[1]}#0") and "scheme" in p for p in problems), problems
 
 
@@ -150,8 +155,10 @@ def test_tokenfeed_container_matches_config_and_image(directory):
     (cmd,) = dockerfile.final("CMD")
     assert c["args"] == cmd.json_args()  # the image's own default command, spelt out
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": int(cfg.server.listen.rsplit(":", 1)[1]),
-                     "metrics": int(cfg.server.metrics_listen.rsplit(":", 1)[1])}  # fmt: skip
+    assert ports == {
+        "grpc": int(cfg.server.listen.rsplit(":", 1)[1]),
+        "metrics": int(cfg.server.metrics_listen.rsplit(":", 1)[1]),
+    }
 
     # Native gRPC probes on the gRPC port; readiness asks for the TokenFeed service, which
     # turns NOT_SERVING as soon as a drain starts.

@@ -40,8 +40,11 @@ from deploy_support import (
 from tokenfeed.client import Client
 from tokenfeed.server import config as configmod
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tokenfeed", "AWS_SECRET_ACCESS_KEY": "tokenfeed-demo-secret",
-               "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "tokenfeed",
+    "AWS_SECRET_ACCESS_KEY": "tokenfeed-demo-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 COMPOSE_CONFIG = DEPLOY / "compose" / "tokenfeed.yaml"
 
 
@@ -92,17 +95,20 @@ def seeded(s3):
 
 
 def _boto_credentials() -> dict:
-    return {"aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            "region_name": CREDENTIALS["AWS_DEFAULT_REGION"]}  # fmt: skip
+    return {
+        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
+    }
 
 
 class Process:
     def __init__(self, cmd: list, log: Path, env: dict | None = None):
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([str(c) for c in cmd], stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [str(c) for c in cmd], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -124,15 +130,28 @@ def server(tmp_path_factory, s3, seeded):
     """`tokenfeed serve` on the compose config, reading the seeded bucket."""
     tmp = tmp_path_factory.mktemp("tokenfeed")
     raw = yaml.safe_load(COMPOSE_CONFIG.read_text())
-    raw["server"].update(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0",
-                         cache_dir=str(tmp / "cache"))  # fmt: skip
+    raw["server"].update(
+        listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", cache_dir=str(tmp / "cache")
+    )
     raw["object_store"]["endpoint_url"] = s3
     config = tmp / "tokenfeed.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     ready = tmp / "ready.json"
     env = {**os.environ, **CREDENTIALS, "PYTHONUNBUFFERED": "1"}
-    proc = Process([sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", config,
-                    "--ready-file", ready], tmp / "server.log", env)  # fmt: skip
+    proc = Process(
+        [
+            sys.executable,
+            "-m",
+            "tokenfeed.server.cli",
+            "serve",
+            "--config",
+            config,
+            "--ready-file",
+            ready,
+        ],
+        tmp / "server.log",
+        env,
+    )
     _wait(lambda: ready.exists() or proc.proc.poll() is not None, "the server to start", 60)
     assert proc.proc.poll() is None, proc.log()
     info = json.loads(ready.read_text())
@@ -160,10 +179,16 @@ def prometheus_process(tmp_path_factory):
     cfg["scrape_configs"] = [job]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     port = _free_port()
-    proc = Process([tool("bin/prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                   tmp / "prometheus.log")  # fmt: skip
+    proc = Process(
+        [
+            tool("bin/prometheus"),
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        tmp / "prometheus.log",
+    )
     yield f"http://127.0.0.1:{port}", targets, proc
     proc.stop()
 
@@ -282,8 +307,12 @@ def test_sidecar_trainer_script(server):
     (trainer,) = manifest("Job", "sidecar")["spec"]["template"]["spec"]["containers"]
     env = {**os.environ, **{e["name"]: e["value"] for e in trainer["env"]}}
     # this pod is rank 1 of 2, talking to "its" server; the test server's job is "demo"
-    env.update(TOKENFEED_TARGET=server["address"], TOKENFEED_JOB="demo", STEPS="20",
-               JOB_COMPLETION_INDEX="1")  # fmt: skip
+    env.update(
+        TOKENFEED_TARGET=server["address"],
+        TOKENFEED_JOB="demo",
+        STEPS="20",
+        JOB_COMPLETION_INDEX="1",
+    )
     cmd = _python(trainer["command"] + trainer["args"])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -340,6 +369,9 @@ def test_rules_evaluate_without_errors(prometheus, server):
 def test_recording_rules_see_the_served_tokens(prometheus, server):
     _pull(server["address"], 50)
     expr = 'tokenfeed_job:tokenfeed_served_tokens:rate5m{tokenfeed_job="demo"} > 0'
-    (sample,) = _wait(lambda: (_pull(server["address"], 5), _query(prometheus, expr))[1],
-                      "tokenfeed_job:tokenfeed_served_tokens:rate5m > 0", interval=0.5)  # fmt: skip
+    (sample,) = _wait(
+        lambda: (_pull(server["address"], 5), _query(prometheus, expr))[1],
+        "tokenfeed_job:tokenfeed_served_tokens:rate5m > 0",
+        interval=0.5,
+    )
     assert float(sample["value"][1]) > 0

@@ -100,12 +100,17 @@ def test_every_named_metric_is_in_exported_names():
         ('tokenfeed_job_ready{job="run3"} == 0', None),  # the scrape job: every series has it
         ("sum by (reason) (tokenfeed_job_ready)", "no metric of the expression has label reason"),
         ("sum by (tokenfeed_job) (rate(tokenfeed_served_tokens_total[5m]))", None),
-        ("histogram_quantile(0.9, sum by (le, op) (rate("
-         "tokenfeed_object_store_request_duration_seconds_bucket[5m])))", None),
-        ("instance:tokenfeed_cache_hit_ratio:rate10m{kind=\"x\"}",
-         "instance:tokenfeed_cache_hit_ratio:rate10m has no label kind"),
+        (
+            "histogram_quantile(0.9, sum by (le, op) (rate("
+            "tokenfeed_object_store_request_duration_seconds_bucket[5m])))",
+            None,
+        ),
+        (
+            'instance:tokenfeed_cache_hit_ratio:rate10m{kind="x"}',
+            "instance:tokenfeed_cache_hit_ratio:rate10m has no label kind",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_name_check_catches_typos(expr, problem):
     problems = name_problems(expr)
     assert problems == ([problem] if problem else []), problems

@@ -19,25 +19,29 @@ GOOD = "The quick brown fox jumps over the lazy dog. " * 8
 def _bad_corpus(root):
     """Line by line: which lines are bad and why."""
     lines = [
-        json.dumps({"text": GOOD + "one"}).encode(),             # 1 good
-        b'{"text": "unterminated',                                # 2 malformed_json
-        json.dumps({"body": "no text field"}).encode(),           # 3 missing_field
-        b'{"text": "caf\xe9 latin-1 bytes"}',                     # 4 invalid_utf8
-        json.dumps({"text": ""}).encode(),                        # 5 empty
-        json.dumps({"text": GOOD + "two"}).encode(),              # 6 good
-        json.dumps({"text": 42}).encode(),                        # 7 not_text
-        json.dumps(["a", "list"]).encode(),                       # 8 not_an_object
-        b"",                                                      # 9 empty (blank line)
-    ] + [json.dumps({"text": GOOD + str(i)}).encode() for i in range(40)]  # fmt: skip
+        json.dumps({"text": GOOD + "one"}).encode(),  # 1 good
+        b'{"text": "unterminated',  # 2 malformed_json
+        json.dumps({"body": "no text field"}).encode(),  # 3 missing_field
+        b'{"text": "caf\xe9 latin-1 bytes"}',  # 4 invalid_utf8
+        json.dumps({"text": ""}).encode(),  # 5 empty
+        json.dumps({"text": GOOD + "two"}).encode(),  # 6 good
+        json.dumps({"text": 42}).encode(),  # 7 not_text
+        json.dumps(["a", "list"]).encode(),  # 8 not_an_object
+        b"",  # 9 empty (blank line)
+    ] + [json.dumps({"text": GOOD + str(i)}).encode() for i in range(40)]
     path = root / "bad.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
 
 
 EXPECTED = {
-    "malformed_json": 2, "missing_field": 3, "invalid_utf8": 4, "empty": 5, "not_text": 7,
+    "malformed_json": 2,
+    "missing_field": 3,
+    "invalid_utf8": 4,
+    "empty": 5,
+    "not_text": 7,
     "not_an_object": 8,
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,14 @@ def test_skip_policy_serves_and_counts_each_bad_record(bad_server):
         info = c.describe()
         assert info["state"] == "JOB_STATE_READY"
         counts = {b["reason"]: int(b["count"]) for b in info["bad_records"]}
-        assert counts == {"malformed_json": 1, "missing_field": 1, "invalid_utf8": 1, "empty": 2,
-                          "not_text": 1, "not_an_object": 1}  # fmt: skip
+        assert counts == {
+            "malformed_json": 1,
+            "missing_field": 1,
+            "invalid_utf8": 1,
+            "empty": 2,
+            "not_text": 1,
+            "not_an_object": 1,
+        }
         assert int(info["num_documents"]) == 42
         assert c.get_batch(0)["input_ids"].shape == (8, 32)
     log = proc.log()
@@ -126,8 +136,9 @@ def test_invalid_stream_request_and_server_still_healthy(bad_server):
 def test_corpus_smaller_than_a_row_fails_the_job_clearly(tmp_path):
     path = tmp_path / "tiny.jsonl"
     path.write_text(json.dumps({"text": "tiny"}) + "\n")
-    cfg = write_config(tmp_path / "tf.yaml", {"tiny": job_spec([path], seq_len=4096)},
-                       tmp_path / "cache")  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml", {"tiny": job_spec([path], seq_len=4096)}, tmp_path / "cache"
+    )
     proc = ServerProcess(cfg, tmp_path / "log.txt")
     try:
         info = proc.wait_ready("tiny")

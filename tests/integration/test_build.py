@@ -39,8 +39,9 @@ def build(cfg: Path, *extra: str, **kw) -> subprocess.Popen:
 
 def store_files(cache: Path) -> dict[str, bytes]:
     root = cache / "tokens"
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def test_build_resumes_after_kill_and_matches_an_uninterrupted_build(tmp_path, big_corpus):

@@ -71,9 +71,14 @@ def status(proc: ServerProcess) -> dict:
 @pytest.mark.parametrize("prefetch_steps", [0, 5])
 def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefetch_steps):
     # A budget well below the corpus's token chunks: most of them are evicted after the build.
-    cfg = write_config(tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])},
-                       tmp_path / "cache", cache_bytes="200KiB", metrics_listen="127.0.0.1:0",
-                       prefetch_steps=prefetch_steps)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp_path / "cache",
+        cache_bytes="200KiB",
+        metrics_listen="127.0.0.1:0",
+        prefetch_steps=prefetch_steps,
+    )
     proc = ServerProcess(cfg, tmp_path / "server.log")
     try:
         info = proc.wait_ready("main")
@@ -83,8 +88,11 @@ def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefe
         # not.
         assert info["fingerprint"] == job.fingerprint  # the same job as the in-process one
         chunks = [set(first_use(job, s, 1)) for s in range(job.steps_per_epoch)]
-        start = next(s for s in range(job.steps_per_epoch - 6, 0, -1)
-                     if set().union(*chunks[s + 1 : s + 6]) - chunks[s])  # fmt: skip
+        start = next(
+            s
+            for s in range(job.steps_per_epoch - 6, 0, -1)
+            if set().union(*chunks[s + 1 : s + 6]) - chunks[s]
+        )
         later_keys = set().union(*chunks[start + 1 : start + 6]) - chunks[start]
         bodies = tmp_path / "cache" / "tokens"
         # The next steps' chunks that are not in the cache now (evicted by the build).
@@ -101,8 +109,9 @@ def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefe
             before = scrape(proc.metrics)
             later = [c.get_batch(s) for s in range(start + 1, start + 6)]
             after = scrape(proc.metrics)
-        misses = (metric(after, "tokenfeed_cache_misses_total", kind="chunk")
-                  - metric(before, "tokenfeed_cache_misses_total", kind="chunk"))  # fmt: skip
+        misses = metric(after, "tokenfeed_cache_misses_total", kind="chunk") - metric(
+            before, "tokenfeed_cache_misses_total", kind="chunk"
+        )
         assert metric(after, "tokenfeed_cache_evictions_total", kind="chunk") > 0
         assert len(later) == 5
         if prefetch_steps:

@@ -16,9 +16,16 @@ from tokenfeed.server.app import build_jobs
 
 
 def _job(cache, corpus, packing: str):
-    spec = {"sources": [str(corpus / "*")], "tokenizer": str(TOKENIZER), "seq_len": 64,
-            "global_batch_size": 8, "seed": 5, "chunk_bytes": "16KiB", "window_chunks": 3,
-            "packing": packing}  # fmt: skip
+    spec = {
+        "sources": [str(corpus / "*")],
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 64,
+        "global_batch_size": 8,
+        "seed": 5,
+        "chunk_bytes": "16KiB",
+        "window_chunks": 3,
+        "packing": packing,
+    }
     raw = {"server": {"cache_dir": str(cache)}, "jobs": {"j": spec}}
     job = build_jobs(configmod.from_dict(raw))["j"]
 

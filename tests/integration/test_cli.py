@@ -11,15 +11,20 @@ from tokenfeed.server import democorpus
 
 
 def tokenfeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokenfeed.server.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_inspect_prints_rows_decoded_back_to_text(tmp_path, texts):
     corpus = write_jsonl(tmp_path / "c.jsonl", texts[:60])
     cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([corpus])}, tmp_path / "cache")
-    out = tokenfeed("inspect", "--config", str(cfg), "--job", "j", "--step", "2", "--rows", "3",
-                    "--chars", "0")  # fmt: skip
+    out = tokenfeed(
+        "inspect", "--config", str(cfg), "--job", "j", "--step", "2", "--rows", "3", "--chars", "0"
+    )
     assert out.returncode == 0, out.stderr
     assert "job j step 2 rank 0/1: 8 rows x 64 tokens" in out.stdout
     rows = out.stdout.split("--- row ")[1:]
@@ -36,10 +41,32 @@ def test_inspect_through_a_server_matches_local(server, corpus, tmp_path):
     # The server's cache directory is its own: a local inspect there refuses, naming --target.
     busy = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4")
     assert busy.returncode == 2 and "--target" in busy.stderr and "in use" in busy.stderr, busy
-    local = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
-                      "--tokens", "32", "--cache-dir", str(tmp_path / "own"))  # fmt: skip
-    remote = tokenfeed("inspect", "--config", str(cfg), "--job", "main", "--step", "4",
-                       "--tokens", "32", "--target", server.address)  # fmt: skip
+    local = tokenfeed(
+        "inspect",
+        "--config",
+        str(cfg),
+        "--job",
+        "main",
+        "--step",
+        "4",
+        "--tokens",
+        "32",
+        "--cache-dir",
+        str(tmp_path / "own"),
+    )
+    remote = tokenfeed(
+        "inspect",
+        "--config",
+        str(cfg),
+        "--job",
+        "main",
+        "--step",
+        "4",
+        "--tokens",
+        "32",
+        "--target",
+        server.address,
+    )
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
     assert local.stdout == remote.stdout
 
@@ -64,15 +91,22 @@ def test_config_errors_name_the_key_and_value(tmp_path, corpus):
         assert out.returncode == 2, (name, out.stderr)
         assert where in out.stderr and value in out.stderr, (name, out.stderr)
     # a source that matches nothing is the job's failure, reported as such by a one-shot command
-    cfg = write_config(tmp_path / "nomatch.yaml", {"j": job_spec([tmp_path / "nothing-*.jsonl"])},
-                       tmp_path / "cache")  # fmt: skip
+    cfg = write_config(
+        tmp_path / "nomatch.yaml",
+        {"j": job_spec([tmp_path / "nothing-*.jsonl"])},
+        tmp_path / "cache",
+    )
     out = tokenfeed("inspect", "--config", str(cfg), "--job", "j")
     assert out.returncode == 2 and "matched no objects" in out.stderr and "nothing-" in out.stderr
 
 
 def test_a_busy_listen_address_is_a_clear_error(server, tmp_path, corpus):
-    cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([corpus / "*"])}, tmp_path / "cache",
-                       listen=server.address)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"j": job_spec([corpus / "*"])},
+        tmp_path / "cache",
+        listen=server.address,
+    )
     out = tokenfeed("serve", "--config", str(cfg), "--listen", server.address)
     assert out.returncode == 2
     assert f"server.listen: cannot listen on '{server.address}'" in out.stderr
@@ -81,8 +115,12 @@ def test_a_busy_listen_address_is_a_clear_error(server, tmp_path, corpus):
 def test_json_logs_locate_each_skipped_record(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine text here, long enough"}\n{"text": 1}\n' * 30)
-    cfg = write_config(tmp_path / "tf.yaml", {"j": job_spec([path], seq_len=8)},
-                       tmp_path / "cache", log_format="json")  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"j": job_spec([path], seq_len=8)},
+        tmp_path / "cache",
+        log_format="json",
+    )
     proc = ServerProcess(cfg, tmp_path / "log.txt")
     try:
         proc.wait_ready("j")
@@ -97,8 +135,10 @@ def test_json_logs_locate_each_skipped_record(tmp_path):
 def test_demo_runs_end_to_end(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "tokenfeed.server.demo", "--out", str(tmp_path), "--steps", "30"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "same request again, same bytes: True" in out.stdout
     assert "streamed 30 steps:" in out.stdout and "M tokens/s" in out.stdout

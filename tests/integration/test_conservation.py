@@ -40,8 +40,9 @@ def _many_gz(root: Path, texts: list[str]) -> dict[tuple[str, str], str]:
     for i in range(0, len(texts), 3):
         path = root / f"small-{i // 3:04d}.jsonl.gz"
         part = texts[i : i + 3]
-        path.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n"
-                                               for t in part).encode()))  # fmt: skip
+        path.write_bytes(
+            gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in part).encode())
+        )
         where.update({(path.name, f"line {k + 1}"): t for k, t in enumerate(part)})
     return where
 
@@ -90,8 +91,9 @@ def _check_pieces(rows, explained, where, tokens_of, dataset=None):
             key = (Path(p["source"]).name, p["record"])
             text = where[key]
             doc = tokens_of[text]
-            ts, te, rs, re = (int(p[k]) for k in ("token_start", "token_end", "row_start",
-                                                   "row_end"))  # fmt: skip
+            ts, te, rs, re = (
+                int(p[k]) for k in ("token_start", "token_end", "row_start", "row_end")
+            )
             assert ids[rs:re].tolist() == doc[ts:te], f"row piece {p} differs from the document"
             cov = coverage.setdefault(text, np.zeros(len(doc), dtype=np.int64))
             cov[ts:te] += 1
@@ -138,8 +140,9 @@ def test_two_epochs_serve_every_token_once_per_epoch(tmp_path, texts, layout):
                     assert np.array_equal(np.concatenate(parts), batches[step]["input_ids"])
         # Every input position of every row is a document token or an EOS: nothing else.
         eos = Tokenizer.from_file(str(TOKENIZER)).token_to_id("<|endoftext|>")
-        covered = sum(int(p["row_end"]) - int(p["row_start"]) for r in explained
-                      for p in r["pieces"])  # fmt: skip
+        covered = sum(
+            int(p["row_end"]) - int(p["row_start"]) for r in explained for p in r["pieces"]
+        )
         assert covered + int((ids == eos).sum()) == rows * SEQ_LEN
         coverage = _check_pieces(ids, explained, where, tokens_of)
         _assert_each_token_twice(coverage, where, tokens_of, rows * SEQ_LEN - EPOCHS * units)
@@ -157,9 +160,10 @@ def test_mixture_serves_every_token_of_each_dataset_once_per_epoch(tmp_path, tex
     tokens_of = dict(zip(docs_a + docs_b, _tokenize(docs_a + docs_b), strict=True))
     spec = job_spec([], seq_len=SEQ_LEN, global_batch_size=BATCH)
     del spec["sources"]
-    spec["datasets"] = {"web": {"sources": [str(root_a / "*")], "weight": 3},
-                        "books": {"sources": [str(root_b / "*")], "weight": 1,
-                                  "chunk_bytes": "4KiB"}}  # fmt: skip
+    spec["datasets"] = {
+        "web": {"sources": [str(root_a / "*")], "weight": 3},
+        "books": {"sources": [str(root_b / "*")], "weight": 1, "chunk_bytes": "4KiB"},
+    }
     proc = _serve(tmp_path, {"mix": spec})
     try:
         with proc.client("mix") as c:
@@ -181,8 +185,9 @@ def test_mixture_serves_every_token_of_each_dataset_once_per_epoch(tmp_path, tex
             got = sorted(picked[name], key=lambda t: t[0])
             assert [r for r, _, _ in got] == list(range(need[name][0]))
             mine = {k: v for k, v in where.items() if v in set(docs)}
-            coverage = _check_pieces([g[1] for g in got], [g[2] for g in got], mine, tokens_of,
-                                     dataset=name)  # fmt: skip
+            coverage = _check_pieces(
+                [g[1] for g in got], [g[2] for g in got], mine, tokens_of, dataset=name
+            )
             rows, units = need[name]
             _assert_each_token_twice(coverage, mine, tokens_of, rows * SEQ_LEN - EPOCHS * units)
     finally:

@@ -100,8 +100,12 @@ def test_sigterm_during_tokenization_abandons_the_chunk_and_exits_cleanly(tmp_pa
     with big.open("w") as f:
         for _ in range(100):
             f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-    cfg = write_config(tmp_path / "tf.yaml", {"big": job_spec([big], chunk_bytes="64MiB")},
-                       tmp_path / "cache", grace_seconds=0.5)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"big": job_spec([big], chunk_bytes="64MiB")},
+        tmp_path / "cache",
+        grace_seconds=0.5,
+    )
     proc = ServerProcess(cfg, tmp_path / "log.txt")
     time.sleep(0.5)
     assert proc.stop() == 0, proc.log()

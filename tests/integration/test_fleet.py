@@ -117,10 +117,12 @@ def test_dns_target_resolves_to_the_servers(fleet):
 
 
 def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
-    a_cfg = write_config(tmp_path / "a.yaml", {"main": job_spec([corpus / "*"], seed=1)},
-                         tmp_path / "ca")  # fmt: skip
-    b_cfg = write_config(tmp_path / "b.yaml", {"main": job_spec([corpus / "*"], seed=2)},
-                         tmp_path / "cb")  # fmt: skip
+    a_cfg = write_config(
+        tmp_path / "a.yaml", {"main": job_spec([corpus / "*"], seed=1)}, tmp_path / "ca"
+    )
+    b_cfg = write_config(
+        tmp_path / "b.yaml", {"main": job_spec([corpus / "*"], seed=2)}, tmp_path / "cb"
+    )
     a, b = ServerProcess(a_cfg, tmp_path / "a.log"), ServerProcess(b_cfg, tmp_path / "b.log")
     try:
         a.wait_ready("main"), b.wait_ready("main")

@@ -16,14 +16,22 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 CASES = 5000
 SECONDS = 60.0
-ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-           grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
-           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DEADLINE_EXCEEDED}  # fmt: skip
+ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
 
 def seeds() -> dict[str, list[bytes]]:
-    get = [pb.GetBatchRequest(job="main", step=s, rank=r, world_size=w)
-           for s, r, w in ((0, 0, 1), (5, 1, 2), (100, 3, 4), (2**40, 0, 8))]  # fmt: skip
+    get = [
+        pb.GetBatchRequest(job="main", step=s, rank=r, world_size=w)
+        for s, r, w in ((0, 0, 1), (5, 1, 2), (100, 3, 4), (2**40, 0, 8))
+    ]
     return {
         "GetBatch": [m.SerializeToString() for m in get],
         "Explain": [m.SerializeToString() for m in get[:2]],
@@ -32,7 +40,7 @@ def seeds() -> dict[str, list[bytes]]:
                 job="main", start_step=s, end_step=s + 2, rank=0, world_size=1
             ).SerializeToString()
             for s in (0, 9)
-        ],  # fmt: skip
+        ],
         "DescribeJob": [pb.DescribeJobRequest(job="main").SerializeToString()],
         "ListJobs": [pb.ListJobsRequest().SerializeToString()],
     }
@@ -57,8 +65,12 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
 
 
 def test_fuzzed_requests_never_crash_or_confuse_the_server(tmp_path, corpus):
-    cfg = write_config(tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])},
-                       tmp_path / "cache", max_wait_seconds=0.5)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp_path / "cache",
+        max_wait_seconds=0.5,
+    )
     proc = ServerProcess(cfg, tmp_path / "server.log")
     try:
         assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
@@ -67,8 +79,12 @@ def test_fuzzed_requests_never_crash_or_confuse_the_server(tmp_path, corpus):
         rng, statuses, cases = random.Random(1234), Counter(), 0
         deadline = time.monotonic() + SECONDS
         with grpc.insecure_channel(proc.address) as channel:
-            calls = {m: (channel.unary_stream if m == "StreamBatches" else channel.unary_unary)(
-                f"/tokenfeed.v1.TokenFeed/{m}") for m in seeds()}  # fmt: skip
+            calls = {
+                m: (channel.unary_stream if m == "StreamBatches" else channel.unary_unary)(
+                    f"/tokenfeed.v1.TokenFeed/{m}"
+                )
+                for m in seeds()
+            }
             corpus_of = seeds()
             while cases < CASES and time.monotonic() < deadline:
                 method = rng.choice(sorted(corpus_of))

@@ -79,8 +79,10 @@ def test_a_huge_unknown_job_name_gets_a_short_not_found(server):
 def test_a_64_bit_world_size_is_refused_not_cut(server):
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.TokenFeedStub(channel)
-        for request in (pb.GetBatchRequest(job="main", step=0, world_size=2**32 + 1),
-                        pb.GetBatchRequest(job="main", step=0, world_size=2**40)):  # fmt: skip
+        for request in (
+            pb.GetBatchRequest(job="main", step=0, world_size=2**32 + 1),
+            pb.GetBatchRequest(job="main", step=0, world_size=2**40),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetBatch(request, timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -121,9 +123,11 @@ def test_streams_that_never_read_cost_bounded_memory(server):
         with Client(server.address, job="main") as c:
             assert c.get_batch(7)["input_ids"].shape == (BATCH, SEQ_LEN)
         waited = time.monotonic() - started
-        print(f"\n{STALLED} stalled streams of {batch_mb:.2f} MB batches: server RSS "
-              f"{before:.0f} MB -> +{grown:.0f} MB ({grown / STALLED / batch_mb:.1f} batches "
-              f"each; bound {bound:.0f} MB); another client's batch in {waited:.2f}s")  # fmt: skip
+        print(
+            f"\n{STALLED} stalled streams of {batch_mb:.2f} MB batches: server RSS "
+            f"{before:.0f} MB -> +{grown:.0f} MB ({grown / STALLED / batch_mb:.1f} batches "
+            f"each; bound {bound:.0f} MB); another client's batch in {waited:.2f}s"
+        )
         assert waited < 10
         assert grown < bound, f"{STALLED} stalled streams grew the server {grown:.0f} MB"
     finally:
@@ -148,8 +152,12 @@ def test_oversized_metadata_is_refused_and_the_server_serves_on(server):
 
 
 def test_calls_past_max_concurrent_rpcs_get_resource_exhausted(tmp_path, corpus):
-    cfg = write_config(tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])},
-                       tmp_path / "cache", limits={"max_concurrent_rpcs": 4})  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp_path / "cache",
+        limits={"max_concurrent_rpcs": 4},
+    )
     proc = ServerProcess(cfg, tmp_path / "server.log")
     try:
         assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()

@@ -18,8 +18,10 @@ def _mixture(corpus_dir, texts, **overrides):
     books = write_jsonl(corpus_dir / "books.jsonl", texts[250:330])
     spec = job_spec([], seq_len=64, global_batch_size=8)
     del spec["sources"]
-    spec["datasets"] = {"web": {"sources": [str(web)], "weight": 3},
-                        "books": {"sources": [str(books)], "weight": "1"}}  # fmt: skip
+    spec["datasets"] = {
+        "web": {"sources": [str(web)], "weight": 3},
+        "books": {"sources": [str(books)], "weight": "1"},
+    }
     spec.update(overrides)
     return spec
 
@@ -28,12 +30,17 @@ def _mixture(corpus_dir, texts, **overrides):
 def mixed(tmp_path_factory, texts):
     tmp = tmp_path_factory.mktemp("mix")
     jobs = {
-        "mix": _mixture(tmp, texts, schedule=[{"start_step": 20, "weights": {"books": 3}},
-                                              {"start_step": 40, "global_batch_size": 16}]),
-        "mix-short": _mixture(tmp, texts, schedule=[{"start_step": 20,
-                                                      "weights": {"books": 3}}]),
+        "mix": _mixture(
+            tmp,
+            texts,
+            schedule=[
+                {"start_step": 20, "weights": {"books": 3}},
+                {"start_step": 40, "global_batch_size": 16},
+            ],
+        ),
+        "mix-short": _mixture(tmp, texts, schedule=[{"start_step": 20, "weights": {"books": 3}}]),
         "fit": job_spec([tmp / "web.jsonl"], packing="best_fit", seq_len=64),
-    }  # fmt: skip
+    }
     proc = ServerProcess(write_config(tmp / "tf.yaml", jobs, tmp / "cache"), tmp / "log.txt")
     for job in jobs:
         assert proc.wait_ready(job)["state"] == "JOB_STATE_READY", proc.log()
@@ -91,8 +98,7 @@ def test_explained_token_ranges_read_back_from_the_sources_equal_the_rows(mixed,
                 ids = batch["input_ids"][row["row"]]
                 assert row["pieces"], row
                 for p in row["pieces"]:
-                    lines = files.setdefault(p["source"],
-                                             open(p["source"]).read().splitlines())  # fmt: skip
+                    lines = files.setdefault(p["source"], open(p["source"]).read().splitlines())
                     kind, number = p["record"].split()
                     assert kind == "line"
                     text = json.loads(lines[int(number) - 1])["text"]
@@ -123,8 +129,22 @@ def test_best_fit_splits_only_documents_longer_than_a_row_and_masks_padding(mixe
 
 
 def test_explain_command_prints_each_rows_sources(mixed):
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "explain", "--target", mixed.address,
-           "--job", "mix", "--step", "3", "--rank", "1", "--world-size", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.cli",
+        "explain",
+        "--target",
+        mixed.address,
+        "--job",
+        "mix",
+        "--step",
+        "3",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -64,8 +64,9 @@ def ops(tmp_path_factory, corpus):
 def test_a_real_scrape_passes_promtool_and_counts_what_happened(ops):
     with urllib.request.urlopen(f"http://{ops.metrics}/metrics", timeout=10) as r:
         text = r.read()
-    check = subprocess.run([tool("promtool"), "check", "metrics"], input=text,
-                           capture_output=True, timeout=60)  # fmt: skip
+    check = subprocess.run(
+        [tool("promtool"), "check", "metrics"], input=text, capture_output=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
     s = scrape(ops.metrics)
     assert metric(s, "tokenfeed_requests_total", method="GetBatch", code="OK") == REQUESTS
@@ -86,9 +87,16 @@ def test_a_real_scrape_passes_promtool_and_counts_what_happened(ops):
 
 def test_metrics_are_declared_with_units_and_low_cardinality_labels():
     allowed = {"job", "method", "code", "kind", "reason", "op", "outcome"}
-    unitless = {"tokenfeed_serving", "tokenfeed_job_ready", "tokenfeed_job_failed",
-                "tokenfeed_job_chunks", "tokenfeed_job_chunks_built", "tokenfeed_cache_entries",
-                "tokenfeed_job_furthest_step", "tokenfeed_job_prefetch_lead_steps"}  # fmt: skip
+    unitless = {
+        "tokenfeed_serving",
+        "tokenfeed_job_ready",
+        "tokenfeed_job_failed",
+        "tokenfeed_job_chunks",
+        "tokenfeed_job_chunks_built",
+        "tokenfeed_cache_entries",
+        "tokenfeed_job_furthest_step",
+        "tokenfeed_job_prefetch_lead_steps",
+    }
     families = [f for f in metrics.REGISTRY.collect() if f.name.startswith("tokenfeed_")]
     assert len(families) >= 30
     for family in families:
@@ -117,10 +125,15 @@ def test_a_real_prometheus_scrapes_the_server_and_answers_promql(ops, tmp_path):
     )
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'db'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            tool("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'db'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -141,9 +154,11 @@ def test_a_real_prometheus_scrapes_the_server_and_answers_promql(ops, tmp_path):
             for step in range(20):
                 c.get_batch(step)
                 time.sleep(0.1)
-        p99 = wait_for('histogram_quantile(0.99, sum by (le, method) '
-                       '(rate(tokenfeed_request_duration_seconds_bucket{method="GetBatch"}[10s])))'
-                       ' > 0')  # fmt: skip
+        p99 = wait_for(
+            "histogram_quantile(0.99, sum by (le, method) "
+            '(rate(tokenfeed_request_duration_seconds_bucket{method="GetBatch"}[10s])))'
+            " > 0"
+        )
         (series,) = p99
         assert series["metric"] == {"method": "GetBatch"}
         assert 0 < float(series["value"][1]) < 60 and math.isfinite(float(series["value"][1]))
@@ -156,11 +171,19 @@ def test_a_real_prometheus_scrapes_the_server_and_answers_promql(ops, tmp_path):
 
 
 def render_with_chromium(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", f"--user-data-dir={tmp / 'profile'}"]  # fmt: skip
-    return subprocess.run([tool("chromium"), *flags, *extra, url], capture_output=True,
-                          timeout=120)  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp / 'profile'}",
+    ]
+    return subprocess.run([tool("chromium"), *flags, *extra, url], capture_output=True, timeout=120)
 
 
 def test_status_page_in_headless_chromium(ops, tmp_path):
@@ -186,17 +209,20 @@ def test_status_page_in_headless_chromium(ops, tmp_path):
         shutil.copyfile(shot, ROOT / "docs" / "status-page.png")
 
 
-def test_health_serves_only_once_built_and_not_while_draining(tmp_path, corpus, faults,
-                                                              s3_bucket):  # fmt: skip
+def test_health_serves_only_once_built_and_not_while_draining(tmp_path, corpus, faults, s3_bucket):
     client = s3_client(faults.endpoint)
     for path in sorted(corpus.iterdir()):
         client.put_object(Bucket=s3_bucket, Key=f"c/{path.name}", Body=path.read_bytes())
     client.put_object(Bucket=s3_bucket, Key="tokenizer.json", Body=TOKENIZER.read_bytes())
     faults.set_faults(1.0, ("delay",), key_filter="/c/", delay_seconds=0.1)  # a slow build
     spec = job_spec([f"s3://{s3_bucket}/c/*"], tokenizer=f"s3://{s3_bucket}/tokenizer.json")
-    cfg = write_config(tmp_path / "tf.yaml", {"main": spec}, tmp_path / "cache",
-                       object_store={"endpoint_url": faults.endpoint, "addressing_style": "path"},
-                       grace_seconds=5)  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"main": spec},
+        tmp_path / "cache",
+        object_store={"endpoint_url": faults.endpoint, "addressing_style": "path"},
+        grace_seconds=5,
+    )
     proc = ServerProcess(cfg, tmp_path / "server.log")
     channel = grpc.insecure_channel(proc.address)
     health = health_pb2_grpc.HealthStub(channel)

@@ -27,11 +27,18 @@ TASK = b"ray::build_chunks"  # the title of a Ray worker process while it runs a
 # Ray on loopback only: with this, a node's address is 127.0.0.1 and its servers bind there
 # (by default Ray takes the host's routable address, even given --node-ip-address=127.0.0.1).
 # The cluster and its drivers share a token of this run's (not ~/.ray/auth_token's).
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}  # fmt: skip
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": uuid.uuid4().hex,
+}
 # The S3-compatible test server takes any credentials; the Ray workers inherit these.
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-          "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 ENV = {**os.environ, **RAY_ENV, **S3_ENV, "PYTHONUNBUFFERED": "1"}
 
 
@@ -42,19 +49,30 @@ def ray_cluster():
     temp = Path(tempfile.mkdtemp(prefix="tfray-", dir="/tmp"))  # Ray's socket paths are short
     log = open(temp / "ray-start.log", "wb")  # noqa: SIM115 - closed below
     ray = Path(sys.executable).parent / "ray"
-    cmd = [str(ray), "start", "--head", "--block", "--port=0", "--num-cpus=2",
-           "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-           "--disable-usage-stats", f"--temp-dir={temp}",
-           f"--ray-client-server-port={free_port()}",
-           f"--dashboard-agent-listen-port={free_port()}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV,
-                            start_new_session=True)  # fmt: skip
+    cmd = [
+        str(ray),
+        "start",
+        "--head",
+        "--block",
+        "--port=0",
+        "--num-cpus=2",
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True
+    )
     try:
         address_file = temp / "ray_current_cluster"
         deadline = time.monotonic() + 120
         while b"Ray runtime started" not in (temp / "ray-start.log").read_bytes():
             assert proc.poll() is None and time.monotonic() < deadline, (
-                (temp / "ray-start.log").read_text(errors="replace"))  # fmt: skip
+                temp / "ray-start.log"
+            ).read_text(errors="replace")
             time.sleep(0.1)
         yield address_file.read_text().strip()
     finally:
@@ -96,12 +114,15 @@ def bucket(moto_server):
     client.delete_bucket(Bucket=name)
 
 
-def config(tmp: Path, sources: list, name: str, endpoint: str, store: str | None,
-           **server) -> Path:  # fmt: skip
+def config(tmp: Path, sources: list, name: str, endpoint: str, store: str | None, **server) -> Path:
     spec = job_spec(sources, chunk_bytes="24KiB")
-    path = write_config(tmp / f"{name}.yaml", {"main": spec}, tmp / f"cache-{name}",
-                        object_store={"endpoint_url": endpoint, "addressing_style": "path"},
-                        **server)  # fmt: skip
+    path = write_config(
+        tmp / f"{name}.yaml",
+        {"main": spec},
+        tmp / f"cache-{name}",
+        object_store={"endpoint_url": endpoint, "addressing_style": "path"},
+        **server,
+    )
     if store is not None:
         path.write_text(path.read_text() + f"store:\n  uri: {store}\n  node: {name}\n")
     return path
@@ -109,8 +130,9 @@ def config(tmp: Path, sources: list, name: str, endpoint: str, store: str | None
 
 def build(cfg: Path, *extra: str, **kw) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(cfg), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ENV, **kw)  # fmt: skip
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, **kw
+    )
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -124,8 +146,9 @@ def objects(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:
     client = s3_client(endpoint)
     found = {}
     for part in ("chunks/", "datasets/"):
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                 Prefix=prefix + part)  # fmt: skip
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix + part
+        )
         for o in (o for p in pages for o in p.get("Contents", [])):
             body = client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
             found[o["Key"].removeprefix(prefix)] = body
@@ -134,8 +157,11 @@ def objects(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:
 
 def manifests(endpoint: str, bucket: str, prefix: str) -> int:
     pages = s3_client(endpoint).get_paginator("list_objects_v2")
-    return sum(o["Key"].endswith(".json") for p in pages.paginate(Bucket=bucket,
-               Prefix=prefix + "chunks/") for o in p.get("Contents", []))  # fmt: skip
+    return sum(
+        o["Key"].endswith(".json")
+        for p in pages.paginate(Bucket=bucket, Prefix=prefix + "chunks/")
+        for o in p.get("Contents", [])
+    )
 
 
 def build_tasks() -> list[int]:
@@ -156,8 +182,13 @@ def reference(tmp_path_factory, big_corpus, moto_server, bucket):
     """`tokenfeed build --workers 2` on one machine into the prefix ref/: (chunks, objects)."""
     tmp = tmp_path_factory.mktemp("rayref")
     store = f"s3://{bucket}/ref/"
-    out = finish(build(config(tmp, [big_corpus / "*.jsonl"], "ref", moto_server.endpoint, store),
-                       "--workers", "2"))  # fmt: skip
+    out = finish(
+        build(
+            config(tmp, [big_corpus / "*.jsonl"], "ref", moto_server.endpoint, store),
+            "--workers",
+            "2",
+        )
+    )
     first = next(line for line in out.splitlines() if line.startswith("job main: "))
     total = int(first.split(": ")[1].split(" chunks")[0])
     found = objects(moto_server.endpoint, bucket, "ref/")
@@ -170,8 +201,13 @@ def test_ray_build_publishes_the_same_store_and_servers_tokenize_nothing(
 ):
     endpoint, (total, expected) = moto_server.endpoint, reference
     store = f"s3://{bucket}/whole/"
-    out = finish(build(config(tmp_path, [big_corpus / "*.jsonl"], "whole", endpoint, store),
-                       "--ray", ray_cluster))  # fmt: skip
+    out = finish(
+        build(
+            config(tmp_path, [big_corpus / "*.jsonl"], "whole", endpoint, store),
+            "--ray",
+            ray_cluster,
+        )
+    )
     first = next(line for line in out.splitlines() if line.startswith("job main: "))
     assert f"{total} chunks" in first and "0 already published" in first, out
     assert "on 2 CPU(s)" in first, first
@@ -190,8 +226,9 @@ def test_ray_build_publishes_the_same_store_and_servers_tokenize_nothing(
             batches = {s: batch_bytes(c.get_batch(s)) for s in STEPS}
     finally:
         assert cold.stop() == 0, cold.log()
-    reader = config(tmp_path, [big_corpus / "*.jsonl"], "reader", endpoint, store,
-                    metrics_listen="127.0.0.1:0")  # fmt: skip
+    reader = config(
+        tmp_path, [big_corpus / "*.jsonl"], "reader", endpoint, store, metrics_listen="127.0.0.1:0"
+    )
     proc = ServerProcess(reader, tmp_path / "reader.log")
     try:
         served = proc.wait_ready("main", timeout=120)
@@ -211,8 +248,7 @@ def test_a_killed_driver_resumes_with_only_the_rest(
     tmp_path, big_corpus, moto_server, bucket, ray_cluster, reference
 ):
     endpoint, (total, expected) = moto_server.endpoint, reference
-    cfg = config(tmp_path, [big_corpus / "*.jsonl"], "killed", endpoint,
-                 f"s3://{bucket}/killed/")  # fmt: skip
+    cfg = config(tmp_path, [big_corpus / "*.jsonl"], "killed", endpoint, f"s3://{bucket}/killed/")
     proc = build(cfg, "--ray", ray_cluster, start_new_session=True)
     deadline = time.monotonic() + 120
     while manifests(endpoint, bucket, "killed/") < total // 4:
@@ -285,6 +321,8 @@ def test_ray_build_without_a_shared_store_is_refused(tmp_path, big_corpus, moto_
 
 
 def test_the_server_never_imports_ray():
-    code = ("import sys, tokenfeed.server.app, tokenfeed.server.build, tokenfeed.server.cli; "
-            "sys.exit('ray' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, tokenfeed.server.app, tokenfeed.server.build, tokenfeed.server.cli; "
+        "sys.exit('ray' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], env=ENV).returncode == 0

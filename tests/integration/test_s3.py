@@ -54,15 +54,33 @@ def upload(endpoint: str, bucket: str, corpus: Path) -> None:
     client.put_object(Bucket=bucket, Key="tok/tokenizer.json", Body=TOKENIZER.read_bytes())
 
 
-def s3_server(tmp: Path, endpoint: str, bucket: str, *, cache_dir: Path | None = None,
-              read_timeout: float = 60.0, **server) -> ServerProcess:  # fmt: skip
+def s3_server(
+    tmp: Path,
+    endpoint: str,
+    bucket: str,
+    *,
+    cache_dir: Path | None = None,
+    read_timeout: float = 60.0,
+    **server,
+) -> ServerProcess:
     spec = job_spec([f"s3://{bucket}/corpus/*"], tokenizer=f"s3://{bucket}/tok/tokenizer.json")
-    object_store = {"endpoint_url": endpoint, "addressing_style": "path", "block_bytes": "4KiB",
-                    "max_attempts": 12, "backoff_base_seconds": 0.01,
-                    "backoff_max_seconds": 0.2, "read_timeout_seconds": read_timeout}  # fmt: skip
+    object_store = {
+        "endpoint_url": endpoint,
+        "addressing_style": "path",
+        "block_bytes": "4KiB",
+        "max_attempts": 12,
+        "backoff_base_seconds": 0.01,
+        "backoff_max_seconds": 0.2,
+        "read_timeout_seconds": read_timeout,
+    }
     server.setdefault("metrics_listen", "127.0.0.1:0")
-    cfg = write_config(tmp / "tf.yaml", {"main": spec}, cache_dir or tmp / "cache",
-                       object_store=object_store, **server)  # fmt: skip
+    cfg = write_config(
+        tmp / "tf.yaml",
+        {"main": spec},
+        cache_dir or tmp / "cache",
+        object_store=object_store,
+        **server,
+    )
     return ServerProcess(cfg, tmp / f"server.{time.monotonic_ns()}.log")
 
 
@@ -106,8 +124,13 @@ def test_faults_on_a_fifth_of_requests_change_no_byte(
 ):
     upload(faults.endpoint, s3_bucket, corpus)
     # A delay longer than the read timeout: the request times out and is retried.
-    faults.set_faults(0.2, ("503", "500", "429", "reset", "truncate", "delay"), seed=7,
-                      methods=("GET", "HEAD"), delay_seconds=1.0)  # fmt: skip
+    faults.set_faults(
+        0.2,
+        ("503", "500", "429", "reset", "truncate", "delay"),
+        seed=7,
+        methods=("GET", "HEAD"),
+        delay_seconds=1.0,
+    )
     proc = s3_server(tmp_path, faults.endpoint, s3_bucket, read_timeout=0.3)
     try:
         assert proc.wait_ready("main", timeout=120)["state"] == "JOB_STATE_READY", proc.log()
@@ -140,8 +163,9 @@ def test_cache_stays_under_its_budget_and_evicts(
     budget = 300 * 1024
     cache = tmp_path / "cache"
     peak, samples_taken, stop = [0], [0], threading.Event()
-    proc = s3_server(tmp_path, faults.endpoint, s3_bucket, cache_dir=cache, cache_bytes=budget,
-                     prefetch_steps=2)  # fmt: skip
+    proc = s3_server(
+        tmp_path, faults.endpoint, s3_bucket, cache_dir=cache, cache_bytes=budget, prefetch_steps=2
+    )
 
     def watch() -> None:
         # A directory walk is not atomic: files evicted early in a walk and written late in it
@@ -216,8 +240,9 @@ def test_an_object_rewritten_mid_job_fails_the_job_naming_it(tmp_path, corpus, f
             deadline = time.monotonic() + 30
             while c.describe()["num_chunks"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)  # listed: every object's ETag is pinned
-            s3_client(faults.endpoint).put_object(Bucket=s3_bucket, Key=target,
-                                                  Body=b'{"text": "rewritten"}\n')  # fmt: skip
+            s3_client(faults.endpoint).put_object(
+                Bucket=s3_bucket, Key=target, Body=b'{"text": "rewritten"}\n'
+            )
             info = proc.wait_ready("main", timeout=60)
             assert info["state"] == "JOB_STATE_FAILED", info
             assert f"s3://{s3_bucket}/{target}" in info["error"] and "changed" in info["error"]
@@ -256,7 +281,8 @@ def test_unreachable_object_store_is_unavailable_not_failed(tmp_path, corpus, fa
         with grpc.insecure_channel(proc.address) as channel:
             stub = pb_grpc.TokenFeedStub(channel)
             assert stub.DescribeJob(pb.DescribeJobRequest(job="main")).state == (
-                pb.JOB_STATE_INDEXING)  # fmt: skip
+                pb.JOB_STATE_INDEXING
+            )
             with pytest.raises(grpc.RpcError) as e:
                 stub.GetBatch(pb.GetBatchRequest(job="main", step=0, world_size=1), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()

@@ -61,8 +61,11 @@ def serve_epoch(proc: ServerProcess, job: str) -> tuple[dict, list]:
         for step in range(-(-total // batch)):
             b, why = c.get_batch(step), c.explain(step)
             assert why["fingerprint"] == b.fingerprint
-            rows += [(b["input_ids"][r["row"]], b["segment_ids"][r["row"]], r["pieces"])
-                     for r in why["rows"] if int(r["epoch"]) == 0]  # fmt: skip
+            rows += [
+                (b["input_ids"][r["row"]], b["segment_ids"][r["row"]], r["pieces"])
+                for r in why["rows"]
+                if int(r["epoch"]) == 0
+            ]
     assert len(rows) == total
     return info, rows
 
@@ -117,10 +120,18 @@ def pretokenized(tmp_path_factory):
     b_idx = mmidx.write(root / "meg" / "b", b, np.int32, document_index=[0, 5, 50, 120, 180])
     c, d = documents(200, 3, eod=True), documents(100, 4, eod=False)
     c_path, d_path = root / "pq" / "c.parquet", root / "pq" / "d.parquet"
-    pq.write_table(pa.table({"input_ids": pa.array(c, type=pa.list_(pa.int32())),
-                             "text": ["unused"] * len(c)}), c_path, row_group_size=60)  # fmt: skip
-    pq.write_table(pa.table({"input_ids": pa.array(d, type=pa.large_list(pa.int64()))}), d_path,
-                   row_group_size=30)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {"input_ids": pa.array(c, type=pa.list_(pa.int32())), "text": ["unused"] * len(c)}
+        ),
+        c_path,
+        row_group_size=60,
+    )
+    pq.write_table(
+        pa.table({"input_ids": pa.array(d, type=pa.large_list(pa.int64()))}),
+        d_path,
+        row_group_size=30,
+    )
     jobs = {
         "meg": job_spec([root / "meg" / "*.idx"], chunk_bytes="2KiB"),
         "pq": job_spec([], chunk_bytes="2KiB")
@@ -130,11 +141,9 @@ def pretokenized(tmp_path_factory):
     for job in jobs:
         assert proc.wait_ready(job)["state"] == "JOB_STATE_READY", proc.log()
     expected = {
-        "meg": {str(a_idx): dict(enumerate(map(served_form, a))),
-                str(b_idx): dict(enumerate(b))},
-        "pq": {str(c_path): dict(enumerate(map(served_form, c))),
-               str(d_path): dict(enumerate(d))},
-    }  # fmt: skip
+        "meg": {str(a_idx): dict(enumerate(map(served_form, a))), str(b_idx): dict(enumerate(b))},
+        "pq": {str(c_path): dict(enumerate(map(served_form, c))), str(d_path): dict(enumerate(d))},
+    }
     yield proc, root, expected
     assert proc.stop() == 0, proc.log()
 
@@ -154,19 +163,28 @@ def test_a_parquet_token_column_is_served_row_by_row(pretokenized):
     assert info["bad_records"] == []
 
 
-def test_megatron_batches_from_s3_equal_the_local_ones(pretokenized, moto_server, s3_bucket,
-                                                       tmp_path):  # fmt: skip
+def test_megatron_batches_from_s3_equal_the_local_ones(
+    pretokenized, moto_server, s3_bucket, tmp_path
+):
     proc, root, _ = pretokenized
     client = s3_client(moto_server.endpoint)
     for path in sorted((root / "meg").iterdir()):
         client.put_object(Bucket=s3_bucket, Key=f"meg/{path.name}", Body=path.read_bytes())
     client.put_object(Bucket=s3_bucket, Key="tok/tokenizer.json", Body=TOKENIZER.read_bytes())
-    spec = job_spec([f"s3://{s3_bucket}/meg/*.idx"], chunk_bytes="2KiB",
-                    tokenizer=f"s3://{s3_bucket}/tok/tokenizer.json")  # fmt: skip
-    object_store = {"endpoint_url": moto_server.endpoint, "addressing_style": "path",
-                    "block_bytes": "4KiB", "max_attempts": 4}  # fmt: skip
-    cfg = write_config(tmp_path / "s3.yaml", {"meg": spec}, tmp_path / "cache",
-                       object_store=object_store)  # fmt: skip
+    spec = job_spec(
+        [f"s3://{s3_bucket}/meg/*.idx"],
+        chunk_bytes="2KiB",
+        tokenizer=f"s3://{s3_bucket}/tok/tokenizer.json",
+    )
+    object_store = {
+        "endpoint_url": moto_server.endpoint,
+        "addressing_style": "path",
+        "block_bytes": "4KiB",
+        "max_attempts": 4,
+    }
+    cfg = write_config(
+        tmp_path / "s3.yaml", {"meg": spec}, tmp_path / "cache", object_store=object_store
+    )
     remote = ServerProcess(cfg, tmp_path / "s3.log")
     try:
         assert remote.wait_ready("meg")["state"] == "JOB_STATE_READY", remote.log()
@@ -236,12 +254,14 @@ def test_bad_documents_are_skipped_counted_and_located(bad_input):
         counts = {b["reason"]: int(b["count"]) for b in c.describe()["bad_records"]}
     assert counts == {"token_out_of_range": 3, "empty": 2, "missing_field": 1}
     log = proc.log()
-    for where, reason in [(f"{paths['e']} document 3", "token_out_of_range"),
-                          (f"{paths['e']} document 64", "token_out_of_range"),
-                          (f"{paths['e']} document 10", "empty"),
-                          (f"{paths['e']} document 20", "empty"),
-                          (f"{paths['f']} row 7", "missing_field"),
-                          (f"{paths['f']} row 33", "token_out_of_range")]:  # fmt: skip
+    for where, reason in [
+        (f"{paths['e']} document 3", "token_out_of_range"),
+        (f"{paths['e']} document 64", "token_out_of_range"),
+        (f"{paths['e']} document 10", "empty"),
+        (f"{paths['e']} document 20", "empty"),
+        (f"{paths['f']} row 7", "missing_field"),
+        (f"{paths['f']} row 33", "token_out_of_range"),
+    ]:
         assert f"{where}: {reason}" in log, where
     assert f"{paths['e']} document 3: token_out_of_range (id 1024 at position 2" in log
     # the rest is served, every good document once, no bad one ever
@@ -285,14 +305,16 @@ def test_a_tokenfeed_token_store_serves_as_a_megatron_source(tmp_path, texts):
     store = (tmp_path / "cache" / "tokens").resolve()
     idxs = sorted(store.rglob("*.idx"))
     assert len(idxs) > 3
-    stored = {str(i): dict(enumerate(d.tolist() for d in mmidx.read(i.with_suffix(""))))
-              for i in idxs}  # fmt: skip
+    stored = {
+        str(i): dict(enumerate(d.tolist() for d in mmidx.read(i.with_suffix("")))) for i in idxs
+    }
     tok = Tokenizer.from_file(str(TOKENIZER))
     want = [e.ids for e in tok.encode_batch(texts[:150], add_special_tokens=False)]
     assert sorted(d for per in stored.values() for d in per.values()) == sorted(want)
 
-    cfg = write_config(tmp_path / "meg.yaml", {"meg": job_spec([store / "**" / "*.idx"])},
-                       tmp_path / "cache2")  # fmt: skip
+    cfg = write_config(
+        tmp_path / "meg.yaml", {"meg": job_spec([store / "**" / "*.idx"])}, tmp_path / "cache2"
+    )
     meg = ServerProcess(cfg, tmp_path / "meg.log")
     try:
         check_epoch(meg, "meg", stored)

@@ -25,13 +25,14 @@ def _jobs(tmp, texts, cache: str):
     books = write_jsonl(tmp / "books.jsonl", texts[250:330])
     mix = job_spec([], chunk_bytes="8KiB", window_chunks=2)
     del mix["sources"]
-    mix["datasets"] = {"web": {"sources": [str(web)], "weight": 3},
-                       "books": {"sources": [str(books)], "weight": 1}}  # fmt: skip
+    mix["datasets"] = {
+        "web": {"sources": [str(web)], "weight": 3},
+        "books": {"sources": [str(books)], "weight": 1},
+    }
     raw = {
         "server": {"cache_dir": str(tmp / cache)},
-        "jobs": {"mix": mix,
-                 "fit": job_spec([web], packing="best_fit", chunk_bytes="8KiB")},
-    }  # fmt: skip
+        "jobs": {"mix": mix, "fit": job_spec([web], packing="best_fit", chunk_bytes="8KiB")},
+    }
     return build_jobs(configmod.from_dict(raw))
 
 
@@ -100,11 +101,21 @@ def upload(endpoint: str, bucket: str, corpus) -> None:
 
 
 def _s3_server(tmp, name: str, endpoint: str, bucket: str, **server) -> ServerProcess:
-    spec = job_spec([f"s3://{bucket}/c/*"], tokenizer=f"s3://{bucket}/tokenizer.json",
-                    chunk_bytes="8KiB", window_chunks=2)  # fmt: skip
+    spec = job_spec(
+        [f"s3://{bucket}/c/*"],
+        tokenizer=f"s3://{bucket}/tokenizer.json",
+        chunk_bytes="8KiB",
+        window_chunks=2,
+    )
     store = {"endpoint_url": endpoint, "addressing_style": "path", "block_bytes": "4KiB"}
-    cfg = write_config(tmp / f"{name}.yaml", {"main": spec}, tmp / name, object_store=store,
-                       tokenize_threads=1, **server)  # fmt: skip
+    cfg = write_config(
+        tmp / f"{name}.yaml",
+        {"main": spec},
+        tmp / name,
+        object_store=store,
+        tokenize_threads=1,
+        **server,
+    )
     return ServerProcess(cfg, tmp / f"{name}.log")
 
 

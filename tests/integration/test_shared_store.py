@@ -22,9 +22,14 @@ def upload(endpoint: str, bucket: str, corpus) -> None:
 
 def node(tmp, name: str, endpoint: str, bucket: str, **store) -> ServerProcess:
     spec = job_spec([f"s3://{bucket}/c/*"], tokenizer=f"s3://{bucket}/tokenizer.json")
-    cfg = write_config(tmp / f"{name}.yaml", {"main": spec}, tmp / f"cache-{name}",
-                       object_store={"endpoint_url": endpoint, "addressing_style": "path"},
-                       metrics_listen="127.0.0.1:0", tokenize_threads=1)  # fmt: skip
+    cfg = write_config(
+        tmp / f"{name}.yaml",
+        {"main": spec},
+        tmp / f"cache-{name}",
+        object_store={"endpoint_url": endpoint, "addressing_style": "path"},
+        metrics_listen="127.0.0.1:0",
+        tokenize_threads=1,
+    )
     text = (
         cfg.read_text()
         + "store:\n"
@@ -39,8 +44,10 @@ def node(tmp, name: str, endpoint: str, bucket: str, **store) -> ServerProcess:
 
 def counts(proc: ServerProcess) -> dict[str, float]:
     samples = scrape(proc.metrics)
-    return {o: metric(samples, "tokenfeed_shared_store_chunks_total", outcome=o)
-            for o in ("published", "indexed", "fetched", "taken_over")}  # fmt: skip
+    return {
+        o: metric(samples, "tokenfeed_shared_store_chunks_total", outcome=o)
+        for o in ("published", "indexed", "fetched", "taken_over")
+    }
 
 
 def batches(proc: ServerProcess) -> dict[int, dict[str, bytes]]:
@@ -50,8 +57,12 @@ def batches(proc: ServerProcess) -> dict[int, dict[str, bytes]]:
 
 def manifests(endpoint: str, bucket: str) -> list[str]:
     pages = s3_client(endpoint).get_paginator("list_objects_v2")
-    return [o["Key"] for p in pages.paginate(Bucket=bucket, Prefix="store/chunks/")
-            for o in p.get("Contents", []) if o["Key"].endswith(".json")]  # fmt: skip
+    return [
+        o["Key"]
+        for p in pages.paginate(Bucket=bucket, Prefix="store/chunks/")
+        for o in p.get("Contents", [])
+        if o["Key"].endswith(".json")
+    ]
 
 
 def test_two_nodes_tokenize_disjoint_chunks_and_serve_identical_batches(
@@ -140,8 +151,12 @@ def test_a_directory_is_a_shared_store_too(tmp_path, corpus, uri):
     spec = job_spec([corpus / "*"])
     procs = []
     for name in ("x", "y"):
-        cfg = write_config(tmp_path / f"{name}.yaml", {"main": spec}, tmp_path / f"cache-{name}",
-                           metrics_listen="127.0.0.1:0")  # fmt: skip
+        cfg = write_config(
+            tmp_path / f"{name}.yaml",
+            {"main": spec},
+            tmp_path / f"cache-{name}",
+            metrics_listen="127.0.0.1:0",
+        )
         cfg.write_text(cfg.read_text() + f"store:\n  uri: {store}\n  node: {name}\n")
         procs.append(ServerProcess(cfg, tmp_path / f"{name}.log"))
         assert procs[-1].wait_ready("main", timeout=120)["state"] == "JOB_STATE_READY"

@@ -41,8 +41,13 @@ def small_corpus(tmp_path_factory, texts) -> Path:
 
 
 def _serve(tmp: Path, sources: list[str], **config) -> ServerProcess:
-    spec = job_spec(sources, seq_len=SEQ_LEN, global_batch_size=BATCH,
-                    chunk_bytes=f"{CHUNK_BYTES // 1024}KiB", **config.pop("job", {}))  # fmt: skip
+    spec = job_spec(
+        sources,
+        seq_len=SEQ_LEN,
+        global_batch_size=BATCH,
+        chunk_bytes=f"{CHUNK_BYTES // 1024}KiB",
+        **config.pop("job", {}),
+    )
     tmp.mkdir(exist_ok=True)
     cfg = write_config(tmp / "tf.yaml", {"main": spec}, tmp / "cache", **config)
     proc = ServerProcess(cfg, tmp / "server.log")
@@ -77,8 +82,9 @@ def test_small_objects_are_served_from_a_few_chunks_and_explained_to_their_lines
                 ids = c.get_batch(step)["input_ids"]
                 for row in c.explain(step)["rows"]:
                     for p in row["pieces"]:
-                        ts, te, rs, re = (int(p[k]) for k in ("token_start", "token_end",
-                                                              "row_start", "row_end"))  # fmt: skip
+                        ts, te, rs, re = (
+                            int(p[k]) for k in ("token_start", "token_end", "row_start", "row_end")
+                        )
                         text = _line(p["source"], p["record"])
                         own = tok.encode(text, add_special_tokens=False).ids
                         assert ids[int(row["row"]), rs:re].tolist() == own[ts:te], p
@@ -90,8 +96,9 @@ def test_small_objects_are_served_from_a_few_chunks_and_explained_to_their_lines
         assert proc.stop() == 0, proc.log()
 
 
-def test_small_objects_from_s3_are_the_same_chunks_and_bytes(tmp_path, small_corpus,
-                                                            moto_server, s3_bucket):  # fmt: skip
+def test_small_objects_from_s3_are_the_same_chunks_and_bytes(
+    tmp_path, small_corpus, moto_server, s3_bucket
+):
     client = s3_client(moto_server.endpoint)
     for path in sorted(small_corpus.iterdir()):
         client.put_object(Bucket=s3_bucket, Key=f"small/{path.name}", Body=path.read_bytes())
@@ -102,10 +109,14 @@ def test_small_objects_from_s3_are_the_same_chunks_and_bytes(tmp_path, small_cor
             chunks = int(c.describe()["num_chunks"])
     finally:
         assert local.stop() == 0, local.log()
-    object_store = {"endpoint_url": moto_server.endpoint, "addressing_style": "path",
-                    "block_bytes": "4KiB"}  # fmt: skip
-    remote = _serve(tmp_path / "s3", [f"s3://{s3_bucket}/small/*.jsonl.gz"],
-                    object_store=object_store)  # fmt: skip
+    object_store = {
+        "endpoint_url": moto_server.endpoint,
+        "addressing_style": "path",
+        "block_bytes": "4KiB",
+    }
+    remote = _serve(
+        tmp_path / "s3", [f"s3://{s3_bucket}/small/*.jsonl.gz"], object_store=object_store
+    )
     try:
         with remote.client("main") as c:
             assert int(c.describe()["num_chunks"]) == chunks

@@ -48,22 +48,38 @@ def _name(cn: str) -> x509.Name:
 
 def _builder(subject: str, issuer: x509.Name, key) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
-    return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1)))  # fmt: skip
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
 
 
 def _ca(cn: str):
     key = _key()
-    cert = (_builder(cn, _name(cn), key)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
-                                         crl_sign=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert = (
+        _builder(cn, _name(cn), key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -71,9 +87,11 @@ def _leaf(ca, cn: str, server: bool):
     ca_key, ca_cert = ca
     key = _key()
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-    builder = (_builder(cn, ca_cert.subject, key)
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))  # fmt: skip
+    builder = (
+        _builder(cn, ca_cert.subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
     if server:
         names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -100,22 +118,30 @@ def pki(tmp_path_factory) -> Pki:
         if isinstance(obj, x509.Certificate):
             data = obj.public_bytes(serialization.Encoding.PEM)
         else:
-            data = obj.private_bytes(serialization.Encoding.PEM,
-                                     serialization.PrivateFormat.PKCS8,
-                                     serialization.NoEncryption())  # fmt: skip
+            data = obj.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
         (root / name).write_bytes(data)
         return root / name
 
     ca, other = _ca("tokenfeed test CA"), _ca("another CA")
-    server, client, stranger = (_leaf(ca, "tokenfeed", True), _leaf(ca, "trainer", False),
-                                _leaf(other, "trainer", False))  # fmt: skip
+    server, client, stranger = (
+        _leaf(ca, "tokenfeed", True),
+        _leaf(ca, "trainer", False),
+        _leaf(other, "trainer", False),
+    )
     return Pki(
-        ca=write("ca.pem", ca[1]), other_ca=write("other-ca.pem", other[1]),
-        server_cert=write("server.pem", server[1]), server_key=write("server.key", server[0]),
-        client_cert=write("client.pem", client[1]), client_key=write("client.key", client[0]),
+        ca=write("ca.pem", ca[1]),
+        other_ca=write("other-ca.pem", other[1]),
+        server_cert=write("server.pem", server[1]),
+        server_key=write("server.key", server[0]),
+        client_cert=write("client.pem", client[1]),
+        client_key=write("client.key", client[0]),
         stranger_cert=write("stranger.pem", stranger[1]),
         stranger_key=write("stranger.key", stranger[0]),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------- servers
@@ -154,11 +180,18 @@ def tls_server(tmp_path_factory, corpus, pki):
 @pytest.fixture(scope="module")
 def mtls_server(tmp_path_factory, corpus, pki):
     tmp = tmp_path_factory.mktemp("mtls")
-    proc = _start(tmp, corpus, tls={"cert_file": str(pki.server_cert),
-                                    "key_file": str(pki.server_key),
-                                    "client_ca_file": str(pki.ca)})  # fmt: skip
-    _wait_ready(proc, tls_root_certs=pki.ca, tls_client_cert=pki.client_cert,
-                tls_client_key=pki.client_key)  # fmt: skip
+    proc = _start(
+        tmp,
+        corpus,
+        tls={
+            "cert_file": str(pki.server_cert),
+            "key_file": str(pki.server_key),
+            "client_ca_file": str(pki.ca),
+        },
+    )
+    _wait_ready(
+        proc, tls_root_certs=pki.ca, tls_client_cert=pki.client_cert, tls_client_key=pki.client_key
+    )
     yield proc
     assert proc.stop() == 0, proc.log()
 
@@ -182,11 +215,16 @@ def token_servers(tmp_path_factory, corpus, pki):
         mp.setenv("TF_TEST_TOKENS", ENV_TOKEN)
         for i in range(2):
             (tmp / str(i)).mkdir()
-            procs.append(_start(
-                tmp / str(i), corpus, jobs=("main", "other"), health_listen="127.0.0.1:0",
-                tls={"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
-                auth={"tokens_file": str(tokens), "tokens_env": "TF_TEST_TOKENS"},
-            ))  # fmt: skip
+            procs.append(
+                _start(
+                    tmp / str(i),
+                    corpus,
+                    jobs=("main", "other"),
+                    health_listen="127.0.0.1:0",
+                    tls={"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)},
+                    auth={"tokens_file": str(tokens), "tokens_env": "TF_TEST_TOKENS"},
+                )
+            )
     for proc in procs:
         _wait_ready(proc, ("main", "other"), tls_root_certs=pki.ca, token=TOKEN)
     yield procs, tokens
@@ -239,8 +277,13 @@ def test_metrics_port_stays_plain_http_and_binds_to_localhost(tls_server):
 
 
 def test_mtls_client_with_a_certificate_from_the_ca_gets_batches(mtls_server, tls_server, pki):
-    with Client(mtls_server.address, job="main", tls_root_certs=pki.ca,
-                tls_client_cert=pki.client_cert, tls_client_key=pki.client_key) as c:  # fmt: skip
+    with Client(
+        mtls_server.address,
+        job="main",
+        tls_root_certs=pki.ca,
+        tls_client_cert=pki.client_cert,
+        tls_client_key=pki.client_key,
+    ) as c:
         batch = c.get_batch(5)
     with Client(tls_server.address, job="main", tls_root_certs=pki.ca) as c:
         assert c.get_batch(5).fingerprint == batch.fingerprint  # same job, same bytes
@@ -292,8 +335,11 @@ def test_a_token_limited_to_a_job_is_denied_the_others(token_servers, pki):
         assert c.get_batch(0, job="other").step == 0
         assert len(list(c.iter_batches(0, 2, job="other"))) == 2
         assert c.describe("other")["name"] == "other"
-        for call in (lambda: c.get_batch(0, job="main"), lambda: c.describe("main"),
-                     lambda: next(iter(c.iter_batches(0, 2, job="main")))):  # fmt: skip
+        for call in (
+            lambda: c.get_batch(0, job="main"),
+            lambda: c.describe("main"),
+            lambda: next(iter(c.iter_batches(0, 2, job="main"))),
+        ):
             with pytest.raises(TokenfeedClientError) as e:
                 call()
             assert _code(e) == grpc.StatusCode.PERMISSION_DENIED
@@ -312,8 +358,9 @@ def test_health_needs_no_token_and_has_a_plaintext_port(token_servers, pki):
     with grpc.secure_channel(server.address, creds) as channel:
         assert _health(channel) == serving
         assert _health(channel, "tokenfeed.v1.TokenFeed") == serving
-        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(),
-                                                          timeout=10)  # fmt: skip
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
         assert next(watch).status == serving
         watch.cancel()
     # The probe port: plaintext, health only.
@@ -380,12 +427,10 @@ def test_async_client_with_tls_and_token(token_servers, pki):
     (server, _), _ = token_servers
 
     async def main():
-        async with AsyncClient(server.address, job="main", tls_root_certs=pki.ca,
-                               token=TOKEN) as c:  # fmt: skip
+        async with AsyncClient(server.address, job="main", tls_root_certs=pki.ca, token=TOKEN) as c:
             one = await c.get_batch(1)
             streamed = [b.step async for b in c.iter_batches(0, 3)]
-        async with AsyncClient(server.address, job="main", tls_root_certs=pki.ca,
-                               **FAIL_FAST) as c:  # fmt: skip
+        async with AsyncClient(server.address, job="main", tls_root_certs=pki.ca, **FAIL_FAST) as c:
             try:
                 await c.get_batch(1)
             except TokenfeedClientError as e:
@@ -405,8 +450,9 @@ def test_fleet_target_uses_the_same_credentials_for_every_server(token_servers, 
         expected = [c.get_batch(0, rank, 8, job=job).fingerprint for job, rank in slices]
     with Client(",".join(addresses), tls_root_certs=pki.ca, token=TOKEN) as c:
         batches = [c.get_batch(0, rank, 8, job=job) for job, rank in slices]
-        streams = [[b.server for b in c.iter_batches(0, 2, rank, 8, job=job)]
-                   for job, rank in slices]  # fmt: skip
+        streams = [
+            [b.server for b in c.iter_batches(0, 2, rank, 8, job=job)] for job, rank in slices
+        ]
     assert [b.fingerprint for b in batches] == expected
     homes = [rendezvous(addresses, job, rank)[0] for job, rank in slices]
     assert [b.server for b in batches] == homes
@@ -420,10 +466,15 @@ def test_fleet_target_uses_the_same_credentials_for_every_server(token_servers, 
 def test_a_missing_certificate_fails_the_start_naming_key_and_path(tmp_path, corpus, pki):
     missing = tmp_path / "nope.pem"
     tls = {"cert_file": str(missing), "key_file": str(pki.server_key)}
-    cfg = write_config(tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])},
-                       tmp_path / "cache", tls=tls)  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config",
-                          str(cfg)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    cfg = write_config(
+        tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp_path / "cache", tls=tls
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert out.returncode == 2, out.stderr
     assert f"server.tls.cert_file: cannot read '{missing}'" in out.stderr

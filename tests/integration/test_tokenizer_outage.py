@@ -23,8 +23,12 @@ def test_an_unreachable_tokenizer_fails_its_job_only(tmp_path, corpus, faults, s
         "remote": job_spec([corpus / "*"], tokenizer=f"s3://{s3_bucket}/tok/tokenizer.json"),
         "broken": job_spec([corpus / "*"], tokenizer=f"s3://{s3_bucket}/bad/tokenizer.json"),
     }
-    object_store = {"endpoint_url": faults.endpoint, "addressing_style": "path",
-                    "max_attempts": 2, "backoff_base_seconds": 0.01}  # fmt: skip
+    object_store = {
+        "endpoint_url": faults.endpoint,
+        "addressing_style": "path",
+        "max_attempts": 2,
+        "backoff_base_seconds": 0.01,
+    }
     cfg = write_config(tmp_path / "tf.yaml", jobs, tmp_path / "cache", object_store=object_store)
     proc = ServerProcess(cfg, tmp_path / "server.log")
     try:

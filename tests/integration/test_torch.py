@@ -54,9 +54,20 @@ def test_checkpoint_exit_and_resume_in_a_new_process(server, tmp_path):
     script, ckpt, log = tmp_path / "trainer.py", tmp_path / "data.pt", tmp_path / "log.jsonl"
     script.write_text(TRAINER)
     for stop_after in (7, 10**9):  # first process stops after 7 steps, second runs to the end
-        run = subprocess.run([sys.executable, str(script), server.address, str(ckpt),
-                              str(stop_after), "30", str(log)],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                server.address,
+                str(ckpt),
+                str(stop_after),
+                "30",
+                str(log),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0, run.stderr
     first, second = (json.loads(line) for line in log.read_text().splitlines())
     with Client(server.address, job="main") as c:
@@ -76,19 +87,27 @@ def test_state_dict_refuses_a_checkpoint_of_another_job_definition(server):
 
 
 def test_dataset_yields_the_rank_slice_and_tracks_the_next_step(server):
-    data = TokenFeedDataset(Client(server.address, job="main"), rank=1, world_size=2,
-                            start_step=4, end_step=6)  # fmt: skip
+    data = TokenFeedDataset(
+        Client(server.address, job="main"), rank=1, world_size=2, start_step=4, end_step=6
+    )
     batches = list(DataLoader(data, batch_size=None))
     assert data.state_dict()["next_step"] == 6 and len(batches) == 2
     with Client(server.address, job="main") as c:
         want = c.get_batch(5, rank=1, world_size=2)
     got = batches[1]
-    assert set(got) == set(want) and all(torch.equal(got[k], torch.from_numpy(
-        want[k].copy())) for k in want)  # fmt: skip
+    assert set(got) == set(want) and all(
+        torch.equal(got[k], torch.from_numpy(want[k].copy())) for k in want
+    )
     assert digest({k: t.numpy() for k, t in got.items()}) == digest(want)
     # On a device: the compact form moves, the tensors are derived there, equal again.
-    on_device = TokenFeedDataset(Client(server.address, job="main"), rank=1, world_size=2,
-                                 start_step=5, end_step=6, device="cpu")  # fmt: skip
+    on_device = TokenFeedDataset(
+        Client(server.address, job="main"),
+        rank=1,
+        world_size=2,
+        start_step=5,
+        end_step=6,
+        device="cpu",
+    )
     [derived] = list(DataLoader(on_device, batch_size=None))
     assert digest({k: t.numpy() for k, t in derived.items()}) == digest(want)
 

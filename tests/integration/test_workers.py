@@ -44,8 +44,14 @@ def single(tmp_path_factory, corpus):
 
 
 def _workers(tmp: Path, corpus: Path, **server) -> ServerProcess:
-    cfg = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache",
-                       metrics_listen="127.0.0.1:0", workers=2, **server)  # fmt: skip
+    cfg = write_config(
+        tmp / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp / "cache",
+        metrics_listen="127.0.0.1:0",
+        workers=2,
+        **server,
+    )
     proc = ServerProcess(cfg, tmp / "server.log")
     assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
     return proc
@@ -72,8 +78,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
         # Both workers serve: more connections until each one's CPU time has moved (the
         # kernel's spread is random, and CPU time is counted in 10 ms ticks).
         extra = []
-        while not all(a > b for a, b in zip([_cpu_seconds(p) for p in pids], before,
-                                             strict=True)):  # fmt: skip
+        while not all(a > b for a, b in zip([_cpu_seconds(p) for p in pids], before, strict=True)):
             assert len(extra) < 32, "a worker served nothing"
             # a channel of its own (grpc shares connections between channels otherwise)
             own = [("grpc.use_local_subchannel_pool", 1)]

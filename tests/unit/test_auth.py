@@ -18,8 +18,7 @@ from tokenfeed.server import auth
 from tokenfeed.server.config import AuthSpec, TlsSpec, from_dict
 from tokenfeed.server.errors import ConfigError
 
-JOB = {"sources": ["data/*.jsonl"], "tokenizer": "tok.json", "seq_len": 8,
-       "global_batch_size": 2}  # fmt: skip
+JOB = {"sources": ["data/*.jsonl"], "tokenizer": "tok.json", "seq_len": 8, "global_batch_size": 2}
 
 
 # ---------------------------------------------------------------- the tokens file
@@ -35,8 +34,9 @@ def test_parse_tokens_skips_comments_and_blank_lines():
     assert auth.parse_tokens("# nothing\n\n", "f") == []
 
 
-@pytest.mark.parametrize("line", ["s3cr3t word", "s3cr3t:", "s3cr3t:bad job", "s3cr3t:a,,b",
-                                  "s3cr3t,b", "s3cr3t\x7f"])  # fmt: skip
+@pytest.mark.parametrize(
+    "line", ["s3cr3t word", "s3cr3t:", "s3cr3t:bad job", "s3cr3t:a,,b", "s3cr3t,b", "s3cr3t\x7f"]
+)
 def test_bad_lines_name_the_line_never_the_token(line):
     with pytest.raises(ConfigError) as e:
         auth.parse_tokens(f"good\n{line}\n", "server.auth.tokens_file /x")
@@ -135,8 +135,11 @@ def test_a_file_caught_mid_rotation_keeps_the_previous_tokens(tmp_path, state, c
 
 def test_start_errors_name_the_key_and_value(tmp_path):
     missing = tmp_path / "absent"
-    with pytest.raises(ConfigError, match=rf"^tf.yaml: server.auth.tokens_file: cannot read "
-                                          rf"'{missing}': No such file"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=rf"^tf.yaml: server.auth.tokens_file: cannot read "
+        rf"'{missing}': No such file",
+    ):
         auth.TokenSet(AuthSpec(tokens_file=str(missing)), {}, "tf.yaml")
     (tmp_path / "empty").write_text("# no tokens yet\n")
     with pytest.raises(ConfigError, match=r"server.auth.tokens_file: '.*empty' holds no token"):
@@ -148,15 +151,18 @@ def test_start_errors_name_the_key_and_value(tmp_path):
         auth.TokenSet(AuthSpec(tokens_file=str(tmp_path / "bad")), {}, "tf.yaml")
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (None, (None, "missing credentials")),
-    ((("authorization", "Bearer tok"),), ("tok", "")),
-    ((("authorization", "bearer  tok "),), ("tok", "")),
-    ((("authorization", "Basic dG9rOg=="),), (None, "malformed")),
-    ((("authorization", "Bearer "),), (None, "malformed")),
-    ((("authorization", "Bearer a"), ("authorization", "Bearer b")), (None, "malformed")),
-    ((("x-other", "Bearer tok"),), (None, "missing credentials")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (None, "missing credentials")),
+        ((("authorization", "Bearer tok"),), ("tok", "")),
+        ((("authorization", "bearer  tok "),), ("tok", "")),
+        ((("authorization", "Basic dG9rOg=="),), (None, "malformed")),
+        ((("authorization", "Bearer "),), (None, "malformed")),
+        ((("authorization", "Bearer a"), ("authorization", "Bearer b")), (None, "malformed")),
+        ((("x-other", "Bearer tok"),), (None, "missing credentials")),
+    ],
+)
 def test_bearer_metadata(value, expected):
     token, why = auth._bearer(value)
     assert token == expected[0] and why.startswith(expected[1])
@@ -168,14 +174,22 @@ def test_bearer_metadata(value, expected):
 
 
 def test_tls_and_auth_keys_parse_with_paths_resolved(tmp_path):
-    raw = {"server": {"health_listen": "0.0.0.0:50052",
-                      "tls": {"cert_file": "tls/tls.crt", "key_file": "/abs/tls.key",
-                              "client_ca_file": "tls/ca.crt"},
-                      "auth": {"tokens_file": "auth/tokens", "tokens_env": "TOKENFEED_TOKENS"}},
-           "jobs": {"j": JOB}}  # fmt: skip
+    raw = {
+        "server": {
+            "health_listen": "0.0.0.0:50052",
+            "tls": {
+                "cert_file": "tls/tls.crt",
+                "key_file": "/abs/tls.key",
+                "client_ca_file": "tls/ca.crt",
+            },
+            "auth": {"tokens_file": "auth/tokens", "tokens_env": "TOKENFEED_TOKENS"},
+        },
+        "jobs": {"j": JOB},
+    }
     server = from_dict(raw, base=tmp_path).server
-    assert server.tls == TlsSpec(str(tmp_path / "tls/tls.crt"), "/abs/tls.key",
-                                 str(tmp_path / "tls/ca.crt"))  # fmt: skip
+    assert server.tls == TlsSpec(
+        str(tmp_path / "tls/tls.crt"), "/abs/tls.key", str(tmp_path / "tls/ca.crt")
+    )
     assert server.auth == AuthSpec(str(tmp_path / "auth/tokens"), "TOKENFEED_TOKENS")
     assert server.health_listen == "0.0.0.0:50052"
     assert server.tls.enabled and server.auth.enabled
@@ -183,19 +197,28 @@ def test_tls_and_auth_keys_parse_with_paths_resolved(tmp_path):
     assert not plain.tls.enabled and not plain.auth.enabled and plain.health_listen == ""
 
 
-@pytest.mark.parametrize(("server", "message"), [
-    ({"tls": {"key_file": "k"}}, "server.tls.cert_file: required"),
-    ({"tls": {"cert_file": "c"}}, "server.tls.key_file: required"),
-    ({"tls": {"cert_file": "c", "key_file": "k", "ca_file": "x"}},
-     "server.tls.ca_file: unknown key"),
-    ({"tls": {"cert_file": "", "key_file": "k"}},
-     "server.tls.cert_file: expected a non-empty string, got ''"),
-    ({"tls": "cert.pem"}, "server.tls: expected a mapping, got str 'cert.pem'"),
-    ({"auth": {}}, "server.auth: expected tokens_file, tokens_env or both, got {}"),
-    ({"auth": {"tokens_env": "my-tokens"}},
-     "server.auth.tokens_env: expected the name of an environment variable, got 'my-tokens'"),
-    ({"auth": {"tokens": ["a"]}}, "server.auth.tokens: unknown key"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        ({"tls": {"key_file": "k"}}, "server.tls.cert_file: required"),
+        ({"tls": {"cert_file": "c"}}, "server.tls.key_file: required"),
+        (
+            {"tls": {"cert_file": "c", "key_file": "k", "ca_file": "x"}},
+            "server.tls.ca_file: unknown key",
+        ),
+        (
+            {"tls": {"cert_file": "", "key_file": "k"}},
+            "server.tls.cert_file: expected a non-empty string, got ''",
+        ),
+        ({"tls": "cert.pem"}, "server.tls: expected a mapping, got str 'cert.pem'"),
+        ({"auth": {}}, "server.auth: expected tokens_file, tokens_env or both, got {}"),
+        (
+            {"auth": {"tokens_env": "my-tokens"}},
+            "server.auth.tokens_env: expected the name of an environment variable, got 'my-tokens'",
+        ),
+        ({"auth": {"tokens": ["a"]}}, "server.auth.tokens: unknown key"),
+    ],
+)
 def test_bad_keys_name_key_path_and_value(server, message):
     with pytest.raises(ConfigError) as e:
         from_dict({"server": server, "jobs": {"j": JOB}}, origin="tf.yaml")
@@ -209,15 +232,25 @@ def _self_signed(tmp_path, name: str):
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(1).not_valid_before(now)
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256()))  # fmt: skip
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return str(cert_path), str(key_path)
 
 
@@ -225,18 +258,22 @@ def test_server_credentials_check_the_files_and_name_the_key(tmp_path):
     cert, key = _self_signed(tmp_path, "a")
     other_cert, other_key = _self_signed(tmp_path, "b")
     assert isinstance(auth.server_credentials(TlsSpec(cert, key)), grpc.ServerCredentials)
-    assert isinstance(auth.server_credentials(TlsSpec(cert, key, other_cert)),
-                      grpc.ServerCredentials)  # fmt: skip
+    assert isinstance(
+        auth.server_credentials(TlsSpec(cert, key, other_cert)), grpc.ServerCredentials
+    )
     missing = str(tmp_path / "missing.pem")
     cases = [
         (TlsSpec(missing, key), f"server.tls.cert_file: cannot read '{missing}': No such file"),
         (TlsSpec(cert, missing), f"server.tls.key_file: cannot read '{missing}'"),
         (TlsSpec(key, key), f"server.tls.cert_file: '{key}' holds no PEM BEGIN CERTIFICATE"),
         (TlsSpec(cert, cert), f"server.tls.key_file: '{cert}' holds no PEM PRIVATE KEY"),
-        (TlsSpec(cert, other_key), f"server.tls.key_file: '{other_key}' is not an "
-                                   "unencrypted private key of the certificate"),
+        (
+            TlsSpec(cert, other_key),
+            f"server.tls.key_file: '{other_key}' is not an "
+            "unencrypted private key of the certificate",
+        ),
         (TlsSpec(cert, key, missing), f"server.tls.client_ca_file: cannot read '{missing}'"),
-    ]  # fmt: skip
+    ]
     for spec, message in cases:
         with pytest.raises(ConfigError) as e:
             auth.server_credentials(spec, "tf.yaml")
@@ -262,22 +299,26 @@ def test_client_credentials_plaintext_tls_and_metadata(tmp_path):
 
 def test_dns_targets_check_the_certificate_against_the_name():
     creds = Credentials("dns:///tokenfeed.data.svc.cluster.local:50051", tls=True)
-    assert creds.options == [("grpc.ssl_target_name_override",
-                              "tokenfeed.data.svc.cluster.local")]  # fmt: skip
+    assert creds.options == [("grpc.ssl_target_name_override", "tokenfeed.data.svc.cluster.local")]
     named = Credentials("dns:///svc:1", tls=True, tls_server_name="tokenfeed.example")
     assert named.options == [("grpc.ssl_target_name_override", "tokenfeed.example")]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"tls": False, "tls_root_certs": b"x"}, "tls=False contradicts tls_root_certs"),
-    ({"tls_client_cert": b"x"}, "tls_client_cert and tls_client_key go together"),
-    ({"token": "a", "token_file": "f"}, "pass token or token_file, not both"),
-    ({"token": "Bearer abc"}, "token: expected one token"),
-    ({"token": ""}, "token: expected one token"),
-    ({"tls_root_certs": "/nonexistent/ca.pem"},
-     "tls_root_certs: cannot read '/nonexistent/ca.pem'"),
-    ({"token_file": "/nonexistent/token"}, "token_file: cannot read '/nonexistent/token'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tls": False, "tls_root_certs": b"x"}, "tls=False contradicts tls_root_certs"),
+        ({"tls_client_cert": b"x"}, "tls_client_cert and tls_client_key go together"),
+        ({"token": "a", "token_file": "f"}, "pass token or token_file, not both"),
+        ({"token": "Bearer abc"}, "token: expected one token"),
+        ({"token": ""}, "token: expected one token"),
+        (
+            {"tls_root_certs": "/nonexistent/ca.pem"},
+            "tls_root_certs: cannot read '/nonexistent/ca.pem'",
+        ),
+        ({"token_file": "/nonexistent/token"}, "token_file: cannot read '/nonexistent/token'"),
+    ],
+)
 def test_client_credential_options_are_checked(options, message):
     with pytest.raises(ValueError) as e:
         Credentials("h:1", **options)

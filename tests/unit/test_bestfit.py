@@ -53,8 +53,12 @@ def read_all(lengths, seq_len, add_bos, dtype=np.int32, order=None):
 def pieces_of(layout, d: int) -> list[tuple[int, int, int, int]]:
     """(offset, row, start, length) of document d's pieces, in piece order."""
     at = np.flatnonzero(layout.doc == d)
-    return sorted(zip(*(a[at].tolist() for a in (layout.offset, layout.row, layout.start,
-                                                  layout.length)), strict=True))  # fmt: skip
+    return sorted(
+        zip(
+            *(a[at].tolist() for a in (layout.offset, layout.row, layout.start, layout.length)),
+            strict=True,
+        )
+    )
 
 
 @contract
@@ -114,8 +118,12 @@ def test_each_piece_went_to_the_best_fitting_row_at_its_turn(lengths, seq_len, a
     capacity = seq_len + 1
     # Replay in placement order: longest first, then document, then piece.
     turn = np.lexsort((layout.offset, layout.doc, -layout.length))
-    placements = zip(layout.row[turn].tolist(), layout.start[turn].tolist(),
-                     layout.length[turn].tolist(), strict=True)  # fmt: skip
+    placements = zip(
+        layout.row[turn].tolist(),
+        layout.start[turn].tolist(),
+        layout.length[turn].tolist(),
+        strict=True,
+    )
     fill: list[int] = []
     for row, start, length in placements:
         room = [(capacity - f, r) for r, f in enumerate(fill) if capacity - f >= length]

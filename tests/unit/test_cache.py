@@ -83,8 +83,10 @@ def test_concurrent_misses_on_one_key_fill_once(tmp_path):
         return b"z" * 100
 
     results = []
-    threads = [threading.Thread(target=lambda: results.append(blocks.get("k", slow_fill)))
-               for _ in range(8)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: results.append(blocks.get("k", slow_fill)))
+        for _ in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:

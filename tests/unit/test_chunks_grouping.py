@@ -135,30 +135,44 @@ def test_an_object_of_chunk_bytes_or_more_is_planned_as_before():
 
 def test_groups_never_cross_a_change_of_kind_or_reading():
     objs = [
-        ObjectInfo("/corpus/a.jsonl.gz", 10, "1"), ObjectInfo("/corpus/b.jsonl.gz", 10, "1"),
-        ObjectInfo("/corpus/c.jsonl.zst", 10, "1"), ObjectInfo("/corpus/d.jsonl.zst", 10, "1"),
-        ObjectInfo("/corpus/e.jsonl", 10, "1"), ObjectInfo("/corpus/f.jsonl", 10, "1"),
+        ObjectInfo("/corpus/a.jsonl.gz", 10, "1"),
+        ObjectInfo("/corpus/b.jsonl.gz", 10, "1"),
+        ObjectInfo("/corpus/c.jsonl.zst", 10, "1"),
+        ObjectInfo("/corpus/d.jsonl.zst", 10, "1"),
+        ObjectInfo("/corpus/e.jsonl", 10, "1"),
+        ObjectInfo("/corpus/f.jsonl", 10, "1"),
         ObjectInfo("/corpus/g.jsonl.gz", 10, "1"),
-    ]  # fmt: skip
+    ]
     chunks = plan(objs, 1000)
     assert [[Path(u).name for u in uris(c)] for c in chunks] == [
-        ["a.jsonl.gz", "b.jsonl.gz"], ["c.jsonl.zst", "d.jsonl.zst"],
-        ["e.jsonl", "f.jsonl"], ["g.jsonl.gz"],
-    ]  # fmt: skip
+        ["a.jsonl.gz", "b.jsonl.gz"],
+        ["c.jsonl.zst", "d.jsonl.zst"],
+        ["e.jsonl", "f.jsonl"],
+        ["g.jsonl.gz"],
+    ]
     # another text_field (another source spec), or another format, is another reading
     body = SourceSpec("/other/*", text_field="body")
     forced = SourceSpec("/forced/*", format="jsonl")
-    pairs = [(objs[0], SPEC), (objs[1], body), (ObjectInfo("/corpus/b2.jsonl.gz", 10, "1"), body),
-             (ObjectInfo("/corpus/b3.jsonl", 10, "1"), SPEC),
-             (ObjectInfo("/corpus/b4.jsonl", 10, "1"), forced)]  # fmt: skip
+    pairs = [
+        (objs[0], SPEC),
+        (objs[1], body),
+        (ObjectInfo("/corpus/b2.jsonl.gz", 10, "1"), body),
+        (ObjectInfo("/corpus/b3.jsonl", 10, "1"), SPEC),
+        (ObjectInfo("/corpus/b4.jsonl", 10, "1"), forced),
+    ]
     chunks = plan_chunks(pairs, 1000)
     assert [([Path(u).name for u in uris(c)], c.text_field) for c in chunks] == [
-        (["a.jsonl.gz"], "text"), (["b.jsonl.gz", "b2.jsonl.gz"], "body"),
-        (["b3.jsonl"], "text"), (["b4.jsonl"], "text"),
-    ]  # fmt: skip
+        (["a.jsonl.gz"], "text"),
+        (["b.jsonl.gz", "b2.jsonl.gz"], "body"),
+        (["b3.jsonl"], "text"),
+        (["b4.jsonl"], "text"),
+    ]
     # nor a change of storage (one read of a group goes to one store)
-    mixed = [ObjectInfo("/x/a.jsonl.gz", 10, "1"), ObjectInfo("s3://b/a.jsonl.gz", 10, "e"),
-             ObjectInfo("s3://b/b.jsonl.gz", 10, "e")]  # fmt: skip
+    mixed = [
+        ObjectInfo("/x/a.jsonl.gz", 10, "1"),
+        ObjectInfo("s3://b/a.jsonl.gz", 10, "e"),
+        ObjectInfo("s3://b/b.jsonl.gz", 10, "e"),
+    ]
     assert [uris(c) for c in plan(mixed, 1000)] == [[mixed[0].uri], [o.uri for o in mixed[1:]]]
 
 
@@ -176,15 +190,17 @@ def test_small_row_groups_of_parquet_files_are_grouped_big_ones_are_not(tmp_path
     chunks = plan(listed(tmp_path, "a.parquet"), chunk_bytes)
     assert 1 < len(chunks) < 10 and all(c.raw_bytes <= chunk_bytes for c in chunks)
     assert [p.row_group for c in chunks for p in c.pieces] == list(range(10))
-    assert chunks[0].describe() == (f"{small} (row groups 0-{len(chunks[0].parts) - 1}, rows "
-                                    f"0-{chunks[0].parts[-1].end})")  # fmt: skip
+    assert chunks[0].describe() == (
+        f"{small} (row groups 0-{len(chunks[0].parts) - 1}, rows 0-{chunks[0].parts[-1].end})"
+    )
     # whole files of small row groups are grouped with each other
     write_parquet(tmp_path / "b.parquet", texts[:8], 4)
     everything = sum(c.raw_bytes for c in plan(listed(tmp_path, "*.parquet"), 1))
     [both] = plan(listed(tmp_path, "*.parquet"), everything)
     assert uris(both) == [str(small)] * 10 + [str(tmp_path / "b.parquet")] * 2
-    assert both.describe() == (f"2 objects {small} .. {tmp_path / 'b.parquet'} (12 parts, "
-                               f"{everything} bytes)")  # fmt: skip
+    assert both.describe() == (
+        f"2 objects {small} .. {tmp_path / 'b.parquet'} (12 parts, {everything} bytes)"
+    )
     # big row groups (compressed size >= chunk_bytes) are chunks of their own, as before
     assert all(not c.parts for c in plan(listed(tmp_path, "*.parquet"), min(sizes)))
     # a file with a big row group keeps its small ones to itself
@@ -206,8 +222,13 @@ def test_listing_names_each_object_by_its_resolved_path(tmp_path, monkeypatch):
     (tmp_path / "linkdir").symlink_to(real)
     (real / "c.jsonl").symlink_to(real / "sub" / "b.jsonl")
     monkeypatch.chdir(tmp_path)
-    for pattern in (str(tmp_path / "linkdir" / "**" / "*.jsonl"), "linkdir/*.jsonl",
-                    "real/./sub/../a.jsonl", str(real / "c.jsonl"), "*/sub/*"):  # fmt: skip
+    for pattern in (
+        str(tmp_path / "linkdir" / "**" / "*.jsonl"),
+        "linkdir/*.jsonl",
+        "real/./sub/../a.jsonl",
+        str(real / "c.jsonl"),
+        "*/sub/*",
+    ):
         matches = [Path(m) for m in glob.glob(pattern, recursive=True)]
         expected = sorted(str(m.resolve()) for m in matches if not m.is_dir())
         assert [o.uri for o in LocalStore().list(pattern)] == expected and expected, pattern
@@ -217,16 +238,56 @@ def test_listing_names_each_object_by_its_resolved_path(tmp_path, monkeypatch):
 
 # Computed before groups existed (chunk format 2): existing stores keep their keys.
 PINNED_KEYS = [
-    (Chunk(ObjectInfo("s3://bucket/corpus/part-00007.jsonl.gz", 30_000,
-                      '"0123456789abcdef0123456789abcdef"'), "jsonl.gz", "text", 0, 30_000,
-           nbytes=30_000), "6e93d1716b50098b16b5541bc858c45d"),
-    (Chunk(ObjectInfo("/data/a.parquet", 123456, "1700000000000000000"), "parquet", "text", 100,
-           200, 1, 4096), "c07e14ab76fb2ad0b8a244644467ca28"),
-    (Chunk(ObjectInfo("/data/big.jsonl", 10_000_000, "1700000000000000001"), "jsonl", "text",
-           2**20, 2 * 2**20), "fdb19f9a91662bd0ea856a3c6e9b0ddc"),
-    (Chunk(ObjectInfo("/data/d.idx", 1234, "1"), "megatron", "", 0, 50, nbytes=1000,
-           companion=ObjectInfo("/data/d.bin", 99999, "2")), "9b343e685e1d595e1abdb76f1d04b5cb"),
-]  # fmt: skip
+    (
+        Chunk(
+            ObjectInfo(
+                "s3://bucket/corpus/part-00007.jsonl.gz",
+                30_000,
+                '"0123456789abcdef0123456789abcdef"',
+            ),
+            "jsonl.gz",
+            "text",
+            0,
+            30_000,
+            nbytes=30_000,
+        ),
+        "6e93d1716b50098b16b5541bc858c45d",
+    ),
+    (
+        Chunk(
+            ObjectInfo("/data/a.parquet", 123456, "1700000000000000000"),
+            "parquet",
+            "text",
+            100,
+            200,
+            1,
+            4096,
+        ),
+        "c07e14ab76fb2ad0b8a244644467ca28",
+    ),
+    (
+        Chunk(
+            ObjectInfo("/data/big.jsonl", 10_000_000, "1700000000000000001"),
+            "jsonl",
+            "text",
+            2**20,
+            2 * 2**20,
+        ),
+        "fdb19f9a91662bd0ea856a3c6e9b0ddc",
+    ),
+    (
+        Chunk(
+            ObjectInfo("/data/d.idx", 1234, "1"),
+            "megatron",
+            "",
+            0,
+            50,
+            nbytes=1000,
+            companion=ObjectInfo("/data/d.bin", 99999, "2"),
+        ),
+        "9b343e685e1d595e1abdb76f1d04b5cb",
+    ),
+]
 
 
 @pytest.mark.parametrize(("chunk", "key"), PINNED_KEYS)
@@ -239,11 +300,21 @@ def test_a_group_key_covers_its_parts_in_order():
     a, b, c = (Chunk(o, "jsonl.gz", "text", 0, o.size, nbytes=o.size) for o in objs)
     g = Chunk.group([a, b, c])
     keys = {
-        g.key("t"), g.key("t2"), Chunk.group([a, c, b]).key("t"), Chunk.group([a, b]).key("t"),
-        Chunk.group([a, b, Chunk(ObjectInfo(c.source.uri, 30, '"v9"'), "jsonl.gz", "text", 0, 30,
-                                 nbytes=30)]).key("t"),
-        a.key("t"), b.key("t"), c.key("t"),
-    }  # fmt: skip
+        g.key("t"),
+        g.key("t2"),
+        Chunk.group([a, c, b]).key("t"),
+        Chunk.group([a, b]).key("t"),
+        Chunk.group(
+            [
+                a,
+                b,
+                Chunk(ObjectInfo(c.source.uri, 30, '"v9"'), "jsonl.gz", "text", 0, 30, nbytes=30),
+            ]
+        ).key("t"),
+        a.key("t"),
+        b.key("t"),
+        c.key("t"),
+    }
     assert len(keys) == 8
     assert plan(objs, 1000) == [g] and g.key("t") == plan(list(reversed(objs)), 1000)[0].key("t")
     with pytest.raises(ValueError, match="two or more"):
@@ -282,8 +353,9 @@ def test_reading_a_group_is_reading_its_parts_one_after_another(gz_corpus):
         assert got.bad == [b for p in parts for b in p.bad]  # located per part: uri:line
         assert got.records == sum(p.records for p in parts)
         offsets = np.cumsum([0] + [p.records for p in parts])
-        assert got.record_ids == [int(o) + r for o, p in zip(offsets, parts, strict=False)
-                                  for r in p.record_ids]  # fmt: skip
+        assert got.record_ids == [
+            int(o) + r for o, p in zip(offsets, parts, strict=False) for r in p.record_ids
+        ]
         assert got.data_start == tuple(PartStart(p.records, 0) for p in parts)
 
 
@@ -293,8 +365,11 @@ def test_bad_records_of_a_group_are_located_in_their_part(gz_corpus):
     assert len(chunk.parts) == 12
     got = read_documents(LocalStore(), chunk)
     bad = {(b.reason, b.location) for b in got.bad}
-    expected = {("not_text" if line == b'{"text": 7}' else "malformed_json", f"{uri}:{n}")
-                for (uri, n), line in lines_of.items() if b"file" not in line}  # fmt: skip
+    expected = {
+        ("not_text" if line == b'{"text": 7}' else "malformed_json", f"{uri}:{n}")
+        for (uri, n), line in lines_of.items()
+        if b"file" not in line
+    }
     assert bad == expected and len(expected) == 5
 
 
@@ -319,8 +394,9 @@ def test_a_group_of_token_row_groups_reads_as_its_parts(tmp_path):
     paths = []
     for name, part in (("a", docs[:20]), ("b", docs[20:])):
         paths.append(tmp_path / f"{name}.parquet")
-        pq.write_table(pa.table({"ids": pa.array(part, pa.list_(pa.int32()))}), paths[-1],
-                       row_group_size=6)  # fmt: skip
+        pq.write_table(
+            pa.table({"ids": pa.array(part, pa.list_(pa.int32()))}), paths[-1], row_group_size=6
+        )
     spec = SourceSpec(str(tmp_path / "*.parquet"), token_field="ids")
     [chunk] = plan(listed(tmp_path), 10**6, spec)
     assert chunk.kind == "parquet-tokens" and len(chunk.parts) == 4 + 5
@@ -329,8 +405,9 @@ def test_a_group_of_token_row_groups_reads_as_its_parts(tmp_path):
     assert got.tokens.tolist() == [t for p in parts for t in p.tokens.tolist()]
     assert got.lengths.tolist() == [n for p in parts for n in p.lengths.tolist()]
     assert [(b.reason, b.location) for b in got.bad] == [
-        ("missing_field", f"{paths[0]} row 7"), ("token_out_of_range", f"{paths[1]} row 3"),
-    ]  # fmt: skip
+        ("missing_field", f"{paths[0]} row 7"),
+        ("token_out_of_range", f"{paths[1]} row 3"),
+    ]
     assert got.records == 50 and got.record_ids == [r for r in range(50) if r not in (7, 23)]
 
 
@@ -389,8 +466,17 @@ def stored_provenance(tmp_path: Path, chunk: Chunk, docs) -> Provenance:
     store = TokenStore(tmp_path / "cache")
     key = chunk.key("t")
     lengths = np.ones(len(docs.record_ids), dtype=np.int32)
-    store.put(key, np.zeros(len(lengths), np.uint16), lengths, docs.records, {}, [],
-              chunk.describe(), np.asarray(docs.record_ids), docs.data_start)  # fmt: skip
+    store.put(
+        key,
+        np.zeros(len(lengths), np.uint16),
+        lengths,
+        docs.records,
+        {},
+        [],
+        chunk.describe(),
+        np.asarray(docs.record_ids),
+        docs.data_start,
+    )
     return store.provenance(key)
 
 
@@ -452,27 +538,54 @@ def test_locate_record_in_a_group_of_row_groups_and_its_errors(tmp_path):
 def test_group_manifests_record_each_part_and_old_manifests_still_parse(tmp_path):
     store = TokenStore(tmp_path / "cache")
     parts = (PartStart(3, 0), PartStart(2, 0), PartStart(4, 17))
-    store.put("aa" * 16, np.arange(5, dtype=np.uint16), np.ones(5, np.int32), 9, {}, [], "g",
-              np.array([0, 2, 3, 5, 8]), parts)  # fmt: skip
+    store.put(
+        "aa" * 16,
+        np.arange(5, dtype=np.uint16),
+        np.ones(5, np.int32),
+        9,
+        {},
+        [],
+        "g",
+        np.array([0, 2, 3, 5, 8]),
+        parts,
+    )
     raw = (store.root / "aa" / f"{'aa' * 16}.json").read_bytes()
     m = parse_manifest("aa" * 16, raw)
     assert m["parts"] == {"records": [3, 2, 4], "data_start": [0, 0, 17]}
     assert store.provenance("aa" * 16).data_start == parts
     # a simple chunk's manifest has no parts (its bytes are as before groups)
-    store.put("bb" * 16, np.arange(2, dtype=np.uint16), np.ones(2, np.int32), 2, {}, [], "s",
-              data_start=12)  # fmt: skip
+    store.put(
+        "bb" * 16,
+        np.arange(2, dtype=np.uint16),
+        np.ones(2, np.int32),
+        2,
+        {},
+        [],
+        "s",
+        data_start=12,
+    )
     simple = json.loads((store.root / "bb" / f"{'bb' * 16}.json").read_bytes())
     assert "parts" not in simple and store.provenance("bb" * 16).data_start == 12
-    for broken in ({"records": [3, 2], "data_start": [0, 0]},
-                   {"records": [9], "data_start": [0]},
-                   {"records": [3, 2, 4], "data_start": [0, 0]},
-                   [[3, 0], [6, 0]]):  # fmt: skip
+    for broken in (
+        {"records": [3, 2], "data_start": [0, 0]},
+        {"records": [9], "data_start": [0]},
+        {"records": [3, 2, 4], "data_start": [0, 0]},
+        [[3, 0], [6, 0]],
+    ):
         m2 = dict(m, parts=broken)
         with pytest.raises(StoreCorruptError):
             parse_manifest("aa" * 16, json.dumps(m2).encode())
     with pytest.raises(ValueError, match="two or more"):
-        store.put("cc" * 16, np.arange(1, dtype=np.uint16), np.ones(1, np.int32), 1, {}, [],
-                  "g", data_start=(PartStart(1),))  # fmt: skip
+        store.put(
+            "cc" * 16,
+            np.arange(1, dtype=np.uint16),
+            np.ones(1, np.int32),
+            1,
+            {},
+            [],
+            "g",
+            data_start=(PartStart(1),),
+        )
 
 
 # -- the dataset's inputs and working set --------------------------------------------------------
@@ -483,10 +596,11 @@ def test_inputs_and_raw_working_set_count_every_part(tmp_path):
     chunks = plan(objs, 1000)
     assert [len(c.pieces) for c in chunks] == [6, 1]
     index = SimpleNamespace(
-        chunks=chunks, tokenizer=SimpleNamespace(digest="tok", chunk_digest="tok"),
+        chunks=chunks,
+        tokenizer=SimpleNamespace(digest="tok", chunk_digest="tok"),
         dataset=SimpleNamespace(chunk_bytes=1000),
         storage=SimpleNamespace(object_store=SimpleNamespace(block_bytes=256)),
-    )  # fmt: skip
+    )
     inputs = DatasetIndex.inputs(index, chunks)
     assert [s[0] for s in inputs["sources"]] == [o.uri for o in objs]
     assert inputs["sources"][3] == [objs[3].uri, 100, objs[3].version, "jsonl.gz", "text"]
@@ -501,8 +615,17 @@ def test_inputs_and_raw_working_set_count_every_part(tmp_path):
 
 def test_a_small_chunk_bytes_is_allowed_with_a_warning_of_its_cost(caplog):
     def load(**job):
-        raw = {"jobs": {"j": {"sources": ["/d/*.jsonl"], "tokenizer": "/t.json", "seq_len": 8,
-                              "global_batch_size": 2, **job}}}  # fmt: skip
+        raw = {
+            "jobs": {
+                "j": {
+                    "sources": ["/d/*.jsonl"],
+                    "tokenizer": "/t.json",
+                    "seq_len": 8,
+                    "global_batch_size": 2,
+                    **job,
+                }
+            }
+        }
         return from_dict(raw)
 
     with caplog.at_level(logging.WARNING, "tokenfeed.server.config"):

@@ -92,8 +92,13 @@ def expected(base: Path, origin: str) -> Config:
         window_chunks=4,
         bad_records="strict",
     )
-    server = ServerSpec("0.0.0.0:6000", cache_dir=str(base / "cache"), tokenize_threads=4,
-                        log_format="json", max_wait_seconds=5.0)  # fmt: skip
+    server = ServerSpec(
+        "0.0.0.0:6000",
+        cache_dir=str(base / "cache"),
+        tokenize_threads=4,
+        log_format="json",
+        max_wait_seconds=5.0,
+    )
     return Config(server=server, jobs=(job,), origin=origin)
 
 

@@ -45,8 +45,9 @@ def cases() -> list:
     found = packing.fill_concat(stream, tokens, lo, lo + seq_len + 1, at, 1, 2, ids.reshape(-1))
     concat = compact_from_starts(ids.astype("<u2"), packing.starts_mask(found, ids.shape))
     layout = bestfit.bestfit_layout(lens, seq_len, False)
-    tensors = bestfit.bestfit_rows_at(layout, offsets, tokens, np.arange(layout.rows), seq_len,
-                                      1, 2, 2)  # fmt: skip
+    tensors = bestfit.bestfit_rows_at(
+        layout, offsets, tokens, np.arange(layout.rows), seq_len, 1, 2, 2
+    )
     assert tensors["loss_mask"].min() == 0  # padded rows: the padding path is exercised
     return [concat, compact_from_tensors(tensors, np.dtype("<i4"))]
 
@@ -56,12 +57,21 @@ def test_jax_expand_equals_the_numpy_expansion(tmp_path):
     arrays = {"cases": np.array(len(compacts))}
     for i, c in enumerate(compacts):
         padding = c.padding if c.padding is not None else np.zeros(0)
-        arrays.update({f"{i}.tokens": c.tokens, f"{i}.starts": c.starts,
-                       f"{i}.row_splits": c.row_splits, f"{i}.padding": padding})  # fmt: skip
+        arrays.update(
+            {
+                f"{i}.tokens": c.tokens,
+                f"{i}.starts": c.starts,
+                f"{i}.row_splits": c.row_splits,
+                f"{i}.padding": padding,
+            }
+        )
     np.savez(tmp_path / "in.npz", **arrays)
-    run = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "in.npz"),
-                          str(tmp_path / "out.npz")], capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     out = np.load(tmp_path / "out.npz")
     for i, c in enumerate(compacts):

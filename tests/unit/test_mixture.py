@@ -83,11 +83,15 @@ def test_adding_or_editing_a_later_phase_leaves_earlier_batches_alone():
     more = schedule([3, 1], 8, later=[(30, 16, [1, 1]), (60, 4, [0, 1])])
     edited = schedule([3, 1], 8, later=[(30, 16, [1, 1]), (45, 32, [5, 2])])
     for step in range(60):
-        assert base.rows(step, 0, base.batch_size(step))[1].tolist() == \
-            more.rows(step, 0, more.batch_size(step))[1].tolist()  # fmt: skip
+        assert (
+            base.rows(step, 0, base.batch_size(step))[1].tolist()
+            == more.rows(step, 0, more.batch_size(step))[1].tolist()
+        )
     for step in range(45):
-        assert base.rows(step, 0, base.batch_size(step))[1].tolist() == \
-            edited.rows(step, 0, edited.batch_size(step))[1].tolist()  # fmt: skip
+        assert (
+            base.rows(step, 0, base.batch_size(step))[1].tolist()
+            == edited.rows(step, 0, edited.batch_size(step))[1].tolist()
+        )
     assert more.batch_size(59) == 16 and more.batch_size(60) == 4
     assert more.counts(60).tolist() == [0, 4]
 

@@ -21,8 +21,31 @@ KEYS = round_keys("test", 0, "main", 0)
 
 # Tiny domains (where the Feistel domain is much larger than n), exact powers of two (no cycle
 # walking at all), one past a power of two (the most walking) and large odd sizes.
-SIZES = [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 100, 255, 256, 257, 1000, 1023, 1024, 1025, 4097,
-         65536, 65537, 99_991, 100_000]  # fmt: skip
+SIZES = [
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    15,
+    16,
+    17,
+    100,
+    255,
+    256,
+    257,
+    1000,
+    1023,
+    1024,
+    1025,
+    4097,
+    65536,
+    65537,
+    99_991,
+    100_000,
+]
 
 
 def full(n: int, keys: tuple[int, ...] = KEYS) -> np.ndarray:

@@ -269,9 +269,18 @@ def _damage(kind: str, idx: Path, bin_path: Path) -> None:
         raise AssertionError(kind)
 
 
-PLAN_TIME = ["magic", "version", "float dtype", "unknown dtype", "truncated idx",
-             "idx with extra bytes", "sequence count", "empty idx", "missing bin",
-             "bin not whole tokens"]  # fmt: skip
+PLAN_TIME = [
+    "magic",
+    "version",
+    "float dtype",
+    "unknown dtype",
+    "truncated idx",
+    "idx with extra bytes",
+    "sequence count",
+    "empty idx",
+    "missing bin",
+    "bin not whole tokens",
+]
 READ_TIME = ["bin too short", "bin too long", "negative length", "pointer jumps", "first pointer"]
 
 
@@ -335,8 +344,18 @@ def test_token_field_where_it_cannot_apply_is_refused(uri, declared, needle):
 
 def _old_key(c: Chunk, digest: str) -> str:
     """The key formula of text chunks before pre-tokenized sources existed."""
-    parts = (CHUNK_FORMAT_VERSION, c.source.uri, c.source.size, c.source.version, c.kind,
-             c.text_field, c.start, c.end, c.row_group, digest)  # fmt: skip
+    parts = (
+        CHUNK_FORMAT_VERSION,
+        c.source.uri,
+        c.source.size,
+        c.source.version,
+        c.kind,
+        c.text_field,
+        c.start,
+        c.end,
+        c.row_group,
+        digest,
+    )
     return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=16).hexdigest()
 
 
@@ -359,8 +378,9 @@ def test_keys_of_text_chunks_are_unchanged_and_megatron_keys_pin_both_objects():
     # the estimate of bytes read is not an input of the tokens
     assert Chunk(idx, "megatron", "", 0, 10, nbytes=5, companion=data).key("t") == base.key("t")
     p = ObjectInfo("/x/a.parquet", 100, "1")
-    assert (Chunk(p, "parquet", "ids", 0, 9, 0).key("t")
-            != Chunk(p, "parquet-tokens", "ids", 0, 9, 0).key("t"))  # fmt: skip
+    assert Chunk(p, "parquet", "ids", 0, 9, 0).key("t") != Chunk(
+        p, "parquet-tokens", "ids", 0, 9, 0
+    ).key("t")
 
 
 def test_descriptions():
@@ -379,14 +399,19 @@ def test_descriptions():
 
 
 def write_token_parquet(path: Path, rows: list, list_type: pa.DataType, group: int) -> Path:
-    table = pa.table({"input_ids": pa.array(rows, type=list_type),
-                      "text": [f"row {i}" for i in range(len(rows))]})  # fmt: skip
+    table = pa.table(
+        {
+            "input_ids": pa.array(rows, type=list_type),
+            "text": [f"row {i}" for i in range(len(rows))],
+        }
+    )
     pq.write_table(table, path, row_group_size=group)
     return path
 
 
-@pytest.mark.parametrize("list_type", [pa.list_(pa.int32()), pa.large_list(pa.int64()),
-                                       pa.list_(pa.uint16())])  # fmt: skip
+@pytest.mark.parametrize(
+    "list_type", [pa.list_(pa.int32()), pa.large_list(pa.int64()), pa.list_(pa.uint16())]
+)
 def test_a_token_column_is_read_per_row_group(tmp_path, list_type):
     docs = [d.tolist() for d in random_docs(130, seed=7)]
     path = write_token_parquet(tmp_path / "t.parquet", docs, list_type, 40)
@@ -412,15 +437,18 @@ def test_bad_token_rows_are_located_by_row(tmp_path):
     docs[50] = [1, 2, EOS]
     docs[55] = [3, None, 4]
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int64()))}), path,
-                   row_group_size=25)  # fmt: skip
+    pq.write_table(
+        pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int64()))}), path, row_group_size=25
+    )
     got, bad, records = read_all(plan(path, 1024, token_field="input_ids"))
     where = f"{path} row"
     assert [(b.reason, b.location) for b in bad] == [
-        ("missing_field", f"{where} 5"), ("empty", f"{where} 17"),
-        ("token_out_of_range", f"{where} 30"), ("empty", f"{where} 44"),
+        ("missing_field", f"{where} 5"),
+        ("empty", f"{where} 17"),
+        ("token_out_of_range", f"{where} 30"),
+        ("empty", f"{where} 44"),
         ("null_token", f"{where} 55"),
-    ]  # fmt: skip
+    ]
     assert "position 3" in bad[2].detail and "position 1" in bad[4].detail
     expected = [d for i, d in enumerate(docs) if i not in (5, 17, 30, 44, 55)]
     expected[expected.index([1, 2, EOS])] = [1, 2]
@@ -458,14 +486,18 @@ def test_a_stored_chunk_is_a_megatron_dataset(tmp_path):
 
 
 def _config(source) -> dict:
-    return {"jobs": {"j": {"sources": [source], "tokenizer": "t.json", "seq_len": 8,
-                           "global_batch_size": 2}}}  # fmt: skip
+    return {
+        "jobs": {
+            "j": {"sources": [source], "tokenizer": "t.json", "seq_len": 8, "global_batch_size": 2}
+        }
+    }
 
 
 def test_config_reads_token_field_and_megatron():
     cfg = from_dict(_config({"path": "/d/*.parquet", "token_field": "input_ids"}))
-    assert cfg.jobs[0].datasets[0].sources[0] == SourceSpec("/d/*.parquet", "auto", "text",
-                                                            "input_ids")  # fmt: skip
+    assert cfg.jobs[0].datasets[0].sources[0] == SourceSpec(
+        "/d/*.parquet", "auto", "text", "input_ids"
+    )
     cfg = from_dict(_config({"path": "/d/*", "format": "megatron"}))
     assert cfg.jobs[0].datasets[0].sources[0].format == "megatron"
     assert from_dict(_config("/d/*.idx")).jobs[0].datasets[0].sources[0].token_field is None
@@ -474,18 +506,22 @@ def test_config_reads_token_field_and_megatron():
 @pytest.mark.parametrize(
     ("source", "needles"),
     [
-        ({"path": "/d/*.jsonl", "token_field": "ids"}, ["sources[0].token_field", "'ids'",
-                                                         "Parquet sources only"]),
+        (
+            {"path": "/d/*.jsonl", "token_field": "ids"},
+            ["sources[0].token_field", "'ids'", "Parquet sources only"],
+        ),
         ({"path": "/d/*", "format": "jsonl", "token_field": "ids"}, ["not JSON Lines"]),
         ({"path": "/d/*.idx", "token_field": "ids"}, ["sources[0].token_field", "Megatron"]),
         ({"path": "/d/*", "format": "megatron", "token_field": "ids"}, ["token ids already"]),
-        ({"path": "/d/*.parquet", "token_field": "ids", "text_field": "body"},
-         ["either a text column or a token column", "'body'", "'ids'"]),
+        (
+            {"path": "/d/*.parquet", "token_field": "ids", "text_field": "body"},
+            ["either a text column or a token column", "'body'", "'ids'"],
+        ),
         ({"path": "/d/*.idx", "text_field": "body"}, ["sources[0].text_field", "no text field"]),
         ({"path": "/d/*.parquet", "token_field": ""}, ["sources[0].token_field", "''"]),
         ({"path": "/d/*", "format": "bin"}, ["sources[0].format", "'bin'"]),
     ],
-)  # fmt: skip
+)
 def test_config_refuses_fields_that_cannot_apply(source, needles):
     with pytest.raises(ConfigError) as err:
         from_dict(_config(source))

@@ -33,8 +33,13 @@ class Corpus:
             next_id += int(lens.sum())
             offsets = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
             self.chunks.append((tokens, offsets[: len(lens)], lens))
-        self.units = np.array([packing.concat_units(int(lens.sum()), len(lens), add_bos)
-                               for _, _, lens in self.chunks], dtype=np.int64)  # fmt: skip
+        self.units = np.array(
+            [
+                packing.concat_units(int(lens.sum()), len(lens), add_bos)
+                for _, _, lens in self.chunks
+            ],
+            dtype=np.int64,
+        )
         self.total = int(self.units.sum())
         self._layouts: dict[int, order.EpochLayout] = {}
 
@@ -57,13 +62,16 @@ class Corpus:
         for e in np.unique(epochs):
             sel = epochs == e
             natural[sel] = order.natural_rows(self.layout(int(e)), served[sel])
-        pieces = order.locate_units(natural * self.seq_len, self.seq_len + 1, self.total,
-                                    self.layout)  # fmt: skip
+        pieces = order.locate_units(
+            natural * self.seq_len, self.seq_len + 1, self.total, self.layout
+        )
         ids, starts = packing.assemble_concat(
-            len(served), self.seq_len, [(0, np.arange(len(served)), pieces)], self.stream,
-            lambda d, e, c: packing.materialise(self.stream(d, e, c), self.chunks[c][0], BOS,
-                                                EOS),
-        )  # fmt: skip
+            len(served),
+            self.seq_len,
+            [(0, np.arange(len(served)), pieces)],
+            self.stream,
+            lambda d, e, c: packing.materialise(self.stream(d, e, c), self.chunks[c][0], BOS, EOS),
+        )
         return packing.concat_tensors(ids, packing.starts_mask(starts, ids.shape), self.seq_len)
 
     # -- the reference ----------------------------------------------------------------
@@ -149,8 +157,9 @@ def test_with_bos_and_long_documents():
 def test_every_token_of_every_epoch_once():
     # Count tokens per epoch through the served rows' epochs: each document token once per
     # epoch, whatever the chunk sizes.
-    corpus = Corpus([[5, 9, 2], [30], [1], [7, 7], [3, 3, 3, 3]], seq_len=6, window=2,
-                    add_bos=False)  # fmt: skip
+    corpus = Corpus(
+        [[5, 9, 2], [30], [1], [7, 7], [3, 3, 3, 3]], seq_len=6, window=2, add_bos=False
+    )
     L, U = corpus.seq_len, corpus.total
     epochs = 3
     rows = np.arange(order.first_row(epochs * U, L))

@@ -39,9 +39,10 @@ def wordpiece_json(path: Path) -> Path:
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )  # fmt: skip
+    )
     tok.enable_truncation(max_length=MAX_LEN)
     tok.enable_padding(length=MAX_LEN, pad_token="[PAD]", pad_id=vocab["[PAD]"])
     tok.save(str(path))

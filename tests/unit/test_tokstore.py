@@ -16,8 +16,16 @@ from tokenfeed.server.tokstore import ChunkMissing, TokenStore, decode_idx, enco
 KEY = "ab" + "0123456789abcdef" * 2
 
 # Megatron-LM's DType codes, written out independently of the module under test.
-MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
-                   6: np.float64, 7: np.float32, 8: np.uint16}  # fmt: skip
+MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 
 
 def paths(root: Path, key: str = KEY) -> tuple[Path, Path, Path, Path]:
@@ -58,8 +66,15 @@ def docs_of(lengths: list[int], dtype) -> tuple[np.ndarray, np.ndarray, list[np.
 
 
 def put(store: TokenStore, tokens, lengths, key: str = KEY):
-    return store.put(key, tokens, lengths, records=len(lengths) + 1, bad={"empty": 1},
-                     bad_examples=["s.jsonl:3: empty"], source="s.jsonl")  # fmt: skip
+    return store.put(
+        key,
+        tokens,
+        lengths,
+        records=len(lengths) + 1,
+        bad={"empty": 1},
+        bad_examples=["s.jsonl:3: empty"],
+        source="s.jsonl",
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint8, np.int64])

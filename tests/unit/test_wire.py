@@ -50,9 +50,16 @@ def concat_case(lengths, seq_len, rows, add_bos, dtype):
     k = len(rows)
     ids = np.empty((k, seq_len + 1), dtype=np.int32)
     lo = np.asarray(rows, dtype=np.int64) * seq_len
-    found = packing.fill_concat(stream, tokens, lo, lo + seq_len + 1,
-                                np.arange(k, dtype=np.int64) * (seq_len + 1), BOS, EOS,
-                                ids.reshape(-1))  # fmt: skip
+    found = packing.fill_concat(
+        stream,
+        tokens,
+        lo,
+        lo + seq_len + 1,
+        np.arange(k, dtype=np.int64) * (seq_len + 1),
+        BOS,
+        EOS,
+        ids.reshape(-1),
+    )
     starts = packing.starts_mask(found, ids.shape)
     tensors = packing.concat_tensors(ids, starts, seq_len)
     compact = compact_from_starts(ids.astype(dtype), starts)
@@ -108,8 +115,9 @@ def test_best_fit_rows_expand_to_the_packers_tensors(lengths, seq_len, add_bos):
     tokens = np.arange(10, 10 + int(lens.sum()), dtype=np.int32)
     offsets = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)[: len(lens)]
     layout = bestfit.bestfit_layout(lens, seq_len, add_bos)
-    tensors = bestfit.bestfit_rows_at(layout, offsets, tokens, np.arange(layout.rows), seq_len,
-                                      BOS, EOS, PAD)  # fmt: skip
+    tensors = bestfit.bestfit_rows_at(
+        layout, offsets, tokens, np.arange(layout.rows), seq_len, BOS, EOS, PAD
+    )
     c = compact_from_tensors(tensors, np.dtype("<u2"))
     check_expands_to(c, tensors)
 
@@ -133,10 +141,17 @@ def test_a_worked_example():
 def reference_fingerprint(fields: dict) -> str:
     """The documented definition, without the module under test: xxh3-128 over the header
     (<IqqII: version, rows, seq_len, token dtype code, has padding) and the arrays' bytes."""
-    header = struct.pack("<IqqII", fields["wire_version"], fields["rows"], fields["seq_len"],
-                         fields["token_dtype"], 1 if fields["padding"] else 0)  # fmt: skip
-    return xxhash.xxh3_128_hexdigest(header + fields["tokens"] + fields["starts"]
-                                     + fields["row_splits"] + fields["padding"])  # fmt: skip
+    header = struct.pack(
+        "<IqqII",
+        fields["wire_version"],
+        fields["rows"],
+        fields["seq_len"],
+        fields["token_dtype"],
+        1 if fields["padding"] else 0,
+    )
+    return xxhash.xxh3_128_hexdigest(
+        header + fields["tokens"] + fields["starts"] + fields["row_splits"] + fields["padding"]
+    )
 
 
 def test_fingerprint_matches_its_definition_and_sees_every_field():

@@ -23,7 +23,17 @@ from tokenfeed.client.errors import (
 from tokenfeed.client.wire import WireError
 
 __all__ = [
-    "AsyncClient", "Batch", "Client", "DeadlineExceeded", "InvalidRequest", "JobFailed",
-    "JobMismatch", "JobNotFound", "TokenfeedClientError", "Unavailable", "WireError",
-    "microbatches", "varlen",
-]  # fmt: skip
+    "AsyncClient",
+    "Batch",
+    "Client",
+    "DeadlineExceeded",
+    "InvalidRequest",
+    "JobFailed",
+    "JobMismatch",
+    "JobNotFound",
+    "TokenfeedClientError",
+    "Unavailable",
+    "WireError",
+    "microbatches",
+    "varlen",
+]

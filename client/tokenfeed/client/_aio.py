@@ -60,8 +60,11 @@ class AsyncClient(ClientBase):
                     break
                 try:
                     call = getattr(self.stub(addr), method)
-                    return addr, await call(request, timeout=self.session.attempt_timeout(deadline),
-                                            metadata=self.credentials.metadata())  # fmt: skip
+                    return addr, await call(
+                        request,
+                        timeout=self.session.attempt_timeout(deadline),
+                        metadata=self.credentials.metadata(),
+                    )
                 except grpc.RpcError as e:
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
@@ -70,9 +73,14 @@ class AsyncClient(ClientBase):
         raise self.session.give_up(job, last)
 
     async def get_batch(
-        self, step: int, rank: int = 0, world_size: int = 1, *, job: str | None = None,
+        self,
+        step: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
         timeout: float | None = None,
-    ) -> Batch:  # fmt: skip
+    ) -> Batch:
         name = self._job(job)
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = await self._unary("GetBatch", request, name, rank, timeout)
@@ -84,13 +92,20 @@ class AsyncClient(ClientBase):
         return _to_dict(info)
 
     async def iter_batches(
-        self, start_step: int = 0, end_step: int | None = None, rank: int = 0,
-        world_size: int = 1, *, job: str | None = None, prefetch: int | None = None,
-    ) -> AsyncIterator[Batch]:  # fmt: skip
+        self,
+        start_step: int = 0,
+        end_step: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
+        prefetch: int | None = None,
+    ) -> AsyncIterator[Batch]:
         """Steps [start_step, end_step) in order, read ahead by a background task."""
         out: asyncio.Queue = asyncio.Queue(maxsize=prefetch or self.prefetch)
-        task = asyncio.create_task(self._pump(out, self._job(job), start_step, end_step, rank,
-                                              world_size))  # fmt: skip
+        task = asyncio.create_task(
+            self._pump(out, self._job(job), start_step, end_step, rank, world_size)
+        )
         try:
             while (item := await out.get()) is not _END:
                 if isinstance(item, BaseException):
@@ -99,8 +114,9 @@ class AsyncClient(ClientBase):
         finally:
             task.cancel()
 
-    async def _pump(self, out: asyncio.Queue, job: str, step: int, end: int | None, rank: int,
-                    world: int) -> None:  # fmt: skip
+    async def _pump(
+        self, out: asyncio.Queue, job: str, step: int, end: int | None, rank: int, world: int
+    ) -> None:
         """Fill `out` with batches from `step` on, failing over like the sync prefetcher."""
         try:
             while end is None or step < end:
@@ -124,8 +140,16 @@ class AsyncClient(ClientBase):
         except BaseException as e:  # handed to the consumer, raised there
             await out.put(e)
 
-    async def _stream(self, out: asyncio.Queue, addr: str, job: str, step: int,
-                      end: int | None, rank: int, world: int):  # fmt: skip
+    async def _stream(
+        self,
+        out: asyncio.Queue,
+        addr: str,
+        job: str,
+        step: int,
+        end: int | None,
+        rank: int,
+        world: int,
+    ):
         """(next step, None) after a clean end, or (next step, error) after a retryable one."""
         call = self.stub(addr).StreamBatches(
             self.session.stream_request(job, step, end, rank, world),

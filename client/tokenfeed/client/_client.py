@@ -80,8 +80,11 @@ class Client(ClientBase):
                     break
                 try:
                     call = getattr(self.stub(addr), method)
-                    return addr, call(request, timeout=self.session.attempt_timeout(deadline),
-                                      metadata=self.credentials.metadata())  # fmt: skip
+                    return addr, call(
+                        request,
+                        timeout=self.session.attempt_timeout(deadline),
+                        metadata=self.credentials.metadata(),
+                    )
                 except grpc.RpcError as e:
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
@@ -90,21 +93,33 @@ class Client(ClientBase):
         raise self.session.give_up(job, last)
 
     def get_batch(
-        self, step: int, rank: int = 0, world_size: int = 1, *, job: str | None = None,
+        self,
+        step: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
         timeout: float | None = None,
-    ) -> Batch:  # fmt: skip
+    ) -> Batch:
         name = self._job(job)
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = self._unary("GetBatch", request, name, rank, timeout)
         return self.session.batch(msg, addr, expected_step=step)
 
     def iter_batches(
-        self, start_step: int = 0, end_step: int | None = None, rank: int = 0,
-        world_size: int = 1, *, job: str | None = None, prefetch: int | None = None,
-    ) -> Iterator[Batch]:  # fmt: skip
+        self,
+        start_step: int = 0,
+        end_step: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
+        prefetch: int | None = None,
+    ) -> Iterator[Batch]:
         """Steps [start_step, end_step) in order (end None: until the caller stops)."""
-        stream = _Prefetcher(self, self._job(job), start_step, end_step, rank, world_size,
-                             prefetch or self.prefetch)  # fmt: skip
+        stream = _Prefetcher(
+            self, self._job(job), start_step, end_step, rank, world_size, prefetch or self.prefetch
+        )
         with self._lock:
             self._streams.add(stream)
         try:
@@ -117,8 +132,9 @@ class Client(ClientBase):
         _, info = self._unary("DescribeJob", pb.DescribeJobRequest(job=name), name, 0, None)
         return _to_dict(info)
 
-    def explain(self, step: int, rank: int = 0, world_size: int = 1, *,
-                job: str | None = None) -> dict:  # fmt: skip
+    def explain(
+        self, step: int, rank: int = 0, world_size: int = 1, *, job: str | None = None
+    ) -> dict:
         """Where each row of the batch comes from: dataset, source, record, token ranges."""
         name = self._job(job)
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
@@ -136,8 +152,16 @@ class _Prefetcher:
     The bounded queue is the flow control: when the trainer falls behind, the thread stops
     reading, HTTP/2 windows fill, and the server stops producing."""
 
-    def __init__(self, client: Client, job: str, start: int, end: int | None, rank: int,
-                 world: int, depth: int):  # fmt: skip
+    def __init__(
+        self,
+        client: Client,
+        job: str,
+        start: int,
+        end: int | None,
+        rank: int,
+        world: int,
+        depth: int,
+    ):
         self.client, self.session = client, client.session
         self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -217,8 +241,7 @@ class _Prefetcher:
         return False
 
     def _stream(self, addr: str) -> None:
-        request = self.session.stream_request(self.job, self.step, self.end, self.rank,
-                                              self.world)  # fmt: skip
+        request = self.session.stream_request(self.job, self.step, self.end, self.rank, self.world)
         metadata = self.client.credentials.metadata()
         call = self._call = self.client.stub(addr).StreamBatches(request, metadata=metadata)
         self._watchdog.watch(call)

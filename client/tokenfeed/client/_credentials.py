@@ -22,8 +22,15 @@ from tokenfeed.client.fleet import parse_target
 
 Pem = str | os.PathLike | bytes
 # The clients' keyword options that are credentials (docs/client.md).
-OPTIONS = ("tls", "tls_root_certs", "tls_client_cert", "tls_client_key", "tls_server_name",
-           "token", "token_file")  # fmt: skip
+OPTIONS = (
+    "tls",
+    "tls_root_certs",
+    "tls_client_cert",
+    "tls_client_key",
+    "tls_server_name",
+    "token",
+    "token_file",
+)
 # A rotated token file is seen within this long; a stat() per second per client costs nothing.
 RELOAD_SECONDS = 1.0
 
@@ -40,8 +47,10 @@ def _pem(value: Pem, option: str) -> bytes:
 def _checked(token: str, source: str) -> str:
     token = token.strip()
     if not token or not token.isascii() or not token.isprintable() or " " in token:
-        raise ValueError(f"{source}: expected one token of visible ASCII characters (the token "
-                         "alone, without 'Bearer ')")  # fmt: skip
+        raise ValueError(
+            f"{source}: expected one token of visible ASCII characters (the token "
+            "alone, without 'Bearer ')"
+        )
     return token
 
 
@@ -99,16 +108,27 @@ class Credentials:
     """The channel credentials, channel options and per-call metadata of one client."""
 
     def __init__(
-        self, target: str, *, tls: bool | None = None, tls_root_certs: Pem | None = None,
-        tls_client_cert: Pem | None = None, tls_client_key: Pem | None = None,
-        tls_server_name: str | None = None, token: str | None = None,
+        self,
+        target: str,
+        *,
+        tls: bool | None = None,
+        tls_root_certs: Pem | None = None,
+        tls_client_cert: Pem | None = None,
+        tls_client_key: Pem | None = None,
+        tls_server_name: str | None = None,
+        token: str | None = None,
         token_file: str | os.PathLike | None = None,
-    ):  # fmt: skip
-        given = [name for name, value in (("tls_root_certs", tls_root_certs),
-                                          ("tls_client_cert", tls_client_cert),
-                                          ("tls_client_key", tls_client_key),
-                                          ("tls_server_name", tls_server_name))
-                 if value is not None]  # fmt: skip
+    ):
+        given = [
+            name
+            for name, value in (
+                ("tls_root_certs", tls_root_certs),
+                ("tls_client_cert", tls_client_cert),
+                ("tls_client_key", tls_client_key),
+                ("tls_server_name", tls_server_name),
+            )
+            if value is not None
+        ]
         if tls is False and given:
             raise ValueError(f"tls=False contradicts {', '.join(given)}")
         self.tls = bool(tls) or bool(given)
@@ -134,9 +154,11 @@ class Credentials:
             certificate_chain=_pem(tls_client_cert, "tls_client_cert") if tls_client_cert else None,
         )
         if self.token is not None:
-            call = (grpc.access_token_call_credentials(self.token.value())
-                    if self.token.path is None else
-                    grpc.metadata_call_credentials(_TokenPlugin(self.token)))  # fmt: skip
+            call = (
+                grpc.access_token_call_credentials(self.token.value())
+                if self.token.path is None
+                else grpc.metadata_call_credentials(_TokenPlugin(self.token))
+            )
             creds = grpc.composite_channel_credentials(creds, call)
         self.channel_credentials = creds
 
@@ -160,5 +182,6 @@ class Credentials:
     def aio_channel(self, addr: str, options: list) -> grpc.aio.Channel:
         if self.channel_credentials is None:
             return grpc.aio.insecure_channel(addr, options=options)
-        return grpc.aio.secure_channel(addr, self.channel_credentials,
-                                       options=options + self.options)  # fmt: skip
+        return grpc.aio.secure_channel(
+            addr, self.channel_credentials, options=options + self.options
+        )

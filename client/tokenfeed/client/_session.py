@@ -117,18 +117,27 @@ class Session:
             )
 
     def stream_request(self, job: str, step: int, end: int | None, rank: int, world: int):
-        return pb.StreamBatchesRequest(job=job, start_step=step, end_step=end or 0, rank=rank,
-                                       world_size=world)  # fmt: skip
+        return pb.StreamBatchesRequest(
+            job=job, start_step=step, end_step=end or 0, rank=rank, world_size=world
+        )
 
 
 class ClientBase:
     """What the sync and asyncio clients share: their options and their job."""
 
     def __init__(
-        self, target: str, job: str | None = None, *, timeout: float = 60.0,
-        attempt_timeout: float | None = None, prefetch: int = 4, verify: bool = True,
-        backoff: float = 0.05, max_backoff: float = 2.0, suspect_seconds: float = 10.0,
-    ):  # fmt: skip
+        self,
+        target: str,
+        job: str | None = None,
+        *,
+        timeout: float = 60.0,
+        attempt_timeout: float | None = None,
+        prefetch: int = 4,
+        verify: bool = True,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        suspect_seconds: float = 10.0,
+    ):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)

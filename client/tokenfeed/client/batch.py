@@ -21,8 +21,18 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 class Batch(Mapping[str, np.ndarray]):
     """One rank's slice of a step: read-only int32 arrays of shape [rows, seq_len]."""
 
-    __slots__ = ("compact", "_arrays", "job", "step", "rank", "world_size", "epoch",
-                 "fingerprint", "job_fingerprint", "server")  # fmt: skip
+    __slots__ = (
+        "compact",
+        "_arrays",
+        "job",
+        "step",
+        "rank",
+        "world_size",
+        "epoch",
+        "fingerprint",
+        "job_fingerprint",
+        "server",
+    )
 
     def __init__(self, msg: pb.Batch, verify: bool = True, server: str = ""):
         self.compact: Compact = decode(msg, verify)
@@ -60,11 +70,14 @@ def microbatches(batch: Mapping[str, np.ndarray], count: int) -> list[dict[str, 
         raise ValueError(f"tensors disagree on the number of rows: {sorted(rows)}")
     (n,) = rows
     if count < 1 or n % count:
-        raise ValueError(f"cannot split {n} rows into {count} equal micro-batches; "
-                         f"choose a count that divides {n}")  # fmt: skip
+        raise ValueError(
+            f"cannot split {n} rows into {count} equal micro-batches; "
+            f"choose a count that divides {n}"
+        )
     size = n // count
-    return [{name: arr[i * size : (i + 1) * size] for name, arr in batch.items()}
-            for i in range(count)]  # fmt: skip
+    return [
+        {name: arr[i * size : (i + 1) * size] for name, arr in batch.items()} for i in range(count)
+    ]
 
 
 def varlen(position_ids: np.ndarray) -> tuple[np.ndarray, int]:

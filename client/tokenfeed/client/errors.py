@@ -53,8 +53,9 @@ class JobMismatch(TokenfeedClientError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
-_BY_CODE = {cls.code: cls for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable,
-                                      DeadlineExceeded)}  # fmt: skip
+_BY_CODE = {
+    cls.code: cls for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable, DeadlineExceeded)
+}
 
 
 def from_rpc_error(err: grpc.RpcError, server: str = "") -> TokenfeedClientError:

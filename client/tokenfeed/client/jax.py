@@ -76,11 +76,17 @@ def _kernel(rows: int, seq_len: int):
 
 
 def host_batches(
-    client: Client, start_step: int, process_index: int, process_count: int,
-    end_step: int | None = None, *, job: str | None = None,
-) -> Iterator[Batch]:  # fmt: skip
+    client: Client,
+    start_step: int,
+    process_index: int,
+    process_count: int,
+    end_step: int | None = None,
+    *,
+    job: str | None = None,
+) -> Iterator[Batch]:
     """This process's slice of each step from start_step on, read ahead in the background."""
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
-    yield from client.iter_batches(start_step, end_step, rank=process_index,
-                                   world_size=process_count, job=job)  # fmt: skip
+    yield from client.iter_batches(
+        start_step, end_step, rank=process_index, world_size=process_count, job=job
+    )

@@ -36,15 +36,19 @@ from tokenfeed.client.wire import TENSOR_NAMES, Compact
 from torch.utils.data import IterableDataset, get_worker_info
 
 
-def expand(compact: Compact | Batch, device: str | torch.device | None = None,
-           non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+def expand(
+    compact: Compact | Batch, device: str | torch.device | None = None, non_blocking: bool = False
+) -> dict[str, torch.Tensor]:
     """The five int32 tensors [rows, seq_len] of a batch, derived on `device` from the compact
     form moved there (tokens in their wire dtype, the boundaries as small index arrays)."""
     c = compact.compact if isinstance(compact, Batch) else compact
     L, rows = c.seq_len, c.rows
     # uint16 has too few torch ops: widen on the device, after the (narrow) copy.
-    narrow = np.ascontiguousarray(c.tokens).view(np.int16) if c.tokens.dtype.itemsize == 2 \
-        else np.ascontiguousarray(c.tokens)  # fmt: skip
+    narrow = (
+        np.ascontiguousarray(c.tokens).view(np.int16)
+        if c.tokens.dtype.itemsize == 2
+        else np.ascontiguousarray(c.tokens)
+    )
     tokens = torch.from_numpy(narrow.copy()).to(device, non_blocking=non_blocking)
     if c.tokens.dtype.itemsize == 2:
         tokens = tokens.to(torch.int32) & 0xFFFF
@@ -68,17 +72,28 @@ def expand(compact: Compact | Batch, device: str | torch.device | None = None,
         valid = col < used
         segment = segment * valid
         position = position * valid
-    out = {"input_ids": tokens[:, :L], "labels": tokens[:, 1:], "position_ids": position,
-           "segment_ids": segment, "loss_mask": loss}  # fmt: skip
+    out = {
+        "input_ids": tokens[:, :L],
+        "labels": tokens[:, 1:],
+        "position_ids": position,
+        "segment_ids": segment,
+        "loss_mask": loss,
+    }
     return {name: out[name] for name in TENSOR_NAMES}
 
 
 class TokenFeedDataset(IterableDataset):
     def __init__(
-        self, client: Client, rank: int = 0, world_size: int = 1, *, start_step: int = 0,
-        end_step: int | None = None, job: str | None = None,
+        self,
+        client: Client,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        start_step: int = 0,
+        end_step: int | None = None,
+        job: str | None = None,
         device: str | torch.device | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.device = device
         self.client = client
@@ -96,8 +111,9 @@ class TokenFeedDataset(IterableDataset):
                 "TokenFeedDataset runs in the main process: use DataLoader(num_workers=0); "
                 "the client already prefetches in a background thread"
             )
-        batches = self.client.iter_batches(self.next_step, self.end_step, self.rank,
-                                           self.world_size, job=self.job)  # fmt: skip
+        batches = self.client.iter_batches(
+            self.next_step, self.end_step, self.rank, self.world_size, job=self.job
+        )
         for batch in batches:
             self._check(batch.job_fingerprint, f"server {batch.server}")
             # Counted as consumed once handed over: a checkpoint taken after the trainer
@@ -119,8 +135,11 @@ class TokenFeedDataset(IterableDataset):
         self.job_fingerprint = self.job_fingerprint or fingerprint
 
     def state_dict(self) -> dict:
-        return {"next_step": self.next_step, "job": self.job,
-                "job_fingerprint": self.job_fingerprint}  # fmt: skip
+        return {
+            "next_step": self.next_step,
+            "job": self.job,
+            "job_fingerprint": self.job_fingerprint,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("job") != self.job:

@@ -62,8 +62,9 @@ class Compact:
         return int(self.tokens.shape[1]) - 1
 
 
-def compact_from_starts(tokens: np.ndarray, starts: np.ndarray,
-                        padding: np.ndarray | None = None) -> Compact:  # fmt: skip
+def compact_from_starts(
+    tokens: np.ndarray, starts: np.ndarray, padding: np.ndarray | None = None
+) -> Compact:
     """From token ids [rows, seq_len + 1] and a boolean mask of document starts of the same
     shape (column 0 and the last column are ignored: a row always starts a piece, and the last
     slot is a label only)."""
@@ -114,9 +115,14 @@ def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> C
 
 
 def _header(c: Compact) -> bytes:
-    return struct.pack("<IqqII", WIRE_VERSION, c.rows, c.seq_len,
-                       _TOKEN_CODES[np.dtype(c.tokens.dtype)],
-                       0 if c.padding is None else 1)  # fmt: skip
+    return struct.pack(
+        "<IqqII",
+        WIRE_VERSION,
+        c.rows,
+        c.seq_len,
+        _TOKEN_CODES[np.dtype(c.tokens.dtype)],
+        0 if c.padding is None else 1,
+    )
 
 
 def fingerprint(c: Compact) -> str:
@@ -135,12 +141,16 @@ def encode(c: Compact) -> dict:
     if dtype not in _TOKEN_CODES:
         raise WireError(f"tokens of dtype {c.tokens.dtype} have no wire encoding")
     return {
-        "wire_version": WIRE_VERSION, "rows": c.rows, "seq_len": c.seq_len,
-        "token_dtype": _TOKEN_CODES[dtype], "tokens": np.ascontiguousarray(c.tokens).tobytes(),
-        "starts": c.starts.tobytes(), "row_splits": c.row_splits.astype("<i4").tobytes(),
+        "wire_version": WIRE_VERSION,
+        "rows": c.rows,
+        "seq_len": c.seq_len,
+        "token_dtype": _TOKEN_CODES[dtype],
+        "tokens": np.ascontiguousarray(c.tokens).tobytes(),
+        "starts": c.starts.tobytes(),
+        "row_splits": c.row_splits.astype("<i4").tobytes(),
         "padding": b"" if c.padding is None else c.padding.tobytes(),
         "fingerprint": fingerprint(c),
-    }  # fmt: skip
+    }
 
 
 def _array(data: bytes, dtype: np.dtype, count: int, what: str) -> np.ndarray:
@@ -152,8 +162,10 @@ def _array(data: bytes, dtype: np.dtype, count: int, what: str) -> np.ndarray:
 def decode(msg: pb.Batch, verify: bool = True) -> Compact:
     """Read-only numpy views over the message's bytes (no copy), checked for consistency."""
     if msg.wire_version != WIRE_VERSION:
-        raise WireError(f"batch of wire version {msg.wire_version}; this client reads "
-                        f"version {WIRE_VERSION} (upgrade the older side)")  # fmt: skip
+        raise WireError(
+            f"batch of wire version {msg.wire_version}; this client reads "
+            f"version {WIRE_VERSION} (upgrade the older side)"
+        )
     dtype = _TOKEN_DTYPES.get(msg.token_dtype)
     if dtype is None:
         raise WireError(f"unknown token dtype code {msg.token_dtype}")
@@ -177,8 +189,9 @@ def decode(msg: pb.Batch, verify: bool = True) -> Compact:
     if verify:
         got = fingerprint(c)
         if got != msg.fingerprint:
-            raise WireError(f"batch fingerprint mismatch: computed {got}, server sent "
-                            f"{msg.fingerprint}")  # fmt: skip
+            raise WireError(
+                f"batch fingerprint mismatch: computed {got}, server sent {msg.fingerprint}"
+            )
     return c
 
 

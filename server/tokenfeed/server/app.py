@@ -37,9 +37,12 @@ def build_jobs(config: Config) -> dict[str, Job]:
     storage = Storage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    jobs = {spec.name: Job(spec, store, storage, shared,
-                           stream_cache_bytes=config.server.stream_cache_bytes)
-            for spec in config.jobs}  # fmt: skip
+    jobs = {
+        spec.name: Job(
+            spec, store, storage, shared, stream_cache_bytes=config.server.stream_cache_bytes
+        )
+        for spec in config.jobs
+    }
     cache.set_policy(FutureUse(list(jobs.values())))
     return jobs
 
@@ -75,9 +78,15 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
     http = start_http(config.server.metrics_listen, jobs) if config.server.metrics_listen else None
     await front.start()
     log.info("serving %d job(s) %s on %s", len(jobs), sorted(jobs), front.address)
-    write_ready(ready_file, {"address": front.address, "pid": os.getpid(),
-                             "metrics": http.address if http is not None else "",
-                             "health": front.health_address})  # fmt: skip
+    write_ready(
+        ready_file,
+        {
+            "address": front.address,
+            "pid": os.getpid(),
+            "metrics": http.address if http is not None else "",
+            "health": front.health_address,
+        },
+    )
     tasks.append(asyncio.create_task(front.serving(stop)))
     await stop.wait()
     await front.drain()
@@ -95,8 +104,10 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
     threads = config.server.tokenize_threads
     tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
     tasks = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
-    tasks += [asyncio.create_task(job.prefetch(tokenize, config.server.prefetch_steps))
-              for job in jobs.values()]  # fmt: skip
+    tasks += [
+        asyncio.create_task(job.prefetch(tokenize, config.server.prefetch_steps))
+        for job in jobs.values()
+    ]
     if jobs:
         tasks.append(asyncio.create_task(release_old_manifests(jobs)))
     return tokenize, tasks

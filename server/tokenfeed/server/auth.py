@@ -44,8 +44,10 @@ LOG_EVERY_SECONDS = 10.0
 # Visible ASCII without the separators of the file format (`:`, `,`, `#`).
 _TOKEN_RE = re.compile(r"[!-~]+")
 _JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-HOW_TO = ("send metadata 'authorization: Bearer <token>' with a token from the server's "
-          "server.auth (tokenfeed.client: Client(..., token=...) or token_file=...)")  # fmt: skip
+HOW_TO = (
+    "send metadata 'authorization: Bearer <token>' with a token from the server's "
+    "server.auth (tokenfeed.client: Client(..., token=...) or token_file=...)"
+)
 
 
 # ---------------------------------------------------------------- TLS
@@ -83,10 +85,13 @@ def server_credentials(tls: TlsSpec, origin: str = "<config>") -> grpc.ServerCre
         try:
             context.load_verify_locations(cafile=tls.client_ca_file)
         except ssl.SSLError as e:
-            raise ConfigError(f"{origin}: {key_path}: {tls.client_ca_file!r} is not a PEM CA "
-                              f"bundle ({e.reason or e})") from None  # fmt: skip
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                       require_client_auth=ca is not None)  # fmt: skip
+            raise ConfigError(
+                f"{origin}: {key_path}: {tls.client_ca_file!r} is not a PEM CA "
+                f"bundle ({e.reason or e})"
+            ) from None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 # ---------------------------------------------------------------- tokens
@@ -115,16 +120,17 @@ def parse_tokens(text: str, where: str) -> list[Token]:
             continue
         secret, sep, scope = line.partition(":")
         if not _TOKEN_RE.fullmatch(secret) or "," in secret:
-            raise ConfigError(f"{where} line {n}: expected a token of visible ASCII "
-                              "characters without ':', ',' or '#', then optionally "
-                              ":job1,job2")  # fmt: skip
+            raise ConfigError(
+                f"{where} line {n}: expected a token of visible ASCII "
+                "characters without ':', ',' or '#', then optionally "
+                ":job1,job2"
+            )
         jobs = None
         if sep:
             names = [j.strip() for j in scope.split(",")]
             bad = [j for j in names if not _JOB_RE.fullmatch(j)]
             if bad:
-                raise ConfigError(f"{where} line {n}: expected job names after ':', "
-                                  f"got {bad[0]!r}")  # fmt: skip
+                raise ConfigError(f"{where} line {n}: expected job names after ':', got {bad[0]!r}")
             jobs = frozenset(names)
         tokens.append(Token(digest(secret), jobs))
     return tokens
@@ -143,8 +149,13 @@ def match(tokens: list[Token], presented: str) -> Token | None:
 class TokenSet:
     """The accepted tokens: the file's, re-read when it changes, plus the variable's."""
 
-    def __init__(self, spec: AuthSpec, environ: Mapping[str, str], origin: str = "<config>",
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        spec: AuthSpec,
+        environ: Mapping[str, str],
+        origin: str = "<config>",
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.path = spec.tokens_file
         self._clock = clock
         self._static: list[Token] = []
@@ -162,13 +173,16 @@ class TokenSet:
             try:
                 self._stamp, self._file = self._read()
             except OSError as e:
-                raise ConfigError(f"{origin}: server.auth.tokens_file: cannot read "
-                                  f"{self.path!r}: {e.strerror}") from None  # fmt: skip
+                raise ConfigError(
+                    f"{origin}: server.auth.tokens_file: cannot read {self.path!r}: {e.strerror}"
+                ) from None
             except ConfigError as e:
                 raise ConfigError(f"{origin}: {e}") from None
             if not self._file and not self._static:
-                raise ConfigError(f"{origin}: server.auth.tokens_file: {self.path!r} holds "
-                                  "no token: every call would be refused")  # fmt: skip
+                raise ConfigError(
+                    f"{origin}: server.auth.tokens_file: {self.path!r} holds "
+                    "no token: every call would be refused"
+                )
             self._checked = clock()
 
     def _read(self) -> tuple[tuple, list[Token]]:
@@ -192,8 +206,11 @@ class TokenSet:
             log.warning("server.auth.tokens_file: keeping the previous tokens: %s", e)
             return
         if not tokens:
-            log.warning("server.auth.tokens_file: %s holds no token; keeping the previous "
-                        "tokens (taken for a partly written file)", self.path)  # fmt: skip
+            log.warning(
+                "server.auth.tokens_file: %s holds no token; keeping the previous "
+                "tokens (taken for a partly written file)",
+                self.path,
+            )
             return
         self._stamp, self._file = stamp, tokens
         log.info("server.auth.tokens_file: loaded %d token(s) from %s", len(tokens), self.path)
@@ -231,8 +248,11 @@ def _rebuilt(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler
         make = grpc.stream_unary_rpc_method_handler
     else:
         make = grpc.stream_stream_rpc_method_handler
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)  # fmt: skip
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -255,8 +275,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             why = why or f"invalid bearer token: not one of this server's tokens; {HOW_TO}"
             return _rebuilt(handler, self._refuse(handler_call_details.method, why))
         if token.jobs is not None and (handler.unary_unary or handler.unary_stream):
-            return _rebuilt(handler, _scoped(handler.unary_unary or handler.unary_stream,
-                                             token.jobs))  # fmt: skip
+            return _rebuilt(
+                handler, _scoped(handler.unary_unary or handler.unary_stream, token.jobs)
+            )
         return handler
 
     def _refuse(self, method: str, why: str):
@@ -264,8 +285,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self._refused += 1
             now = self._clock()
             if now - self._logged >= LOG_EVERY_SECONDS:
-                log.warning("refused %d unauthenticated call(s); the latest: %s from %s: %s",
-                            self._refused, method, context.peer(), why.split(":")[0])  # fmt: skip
+                log.warning(
+                    "refused %d unauthenticated call(s); the latest: %s from %s: %s",
+                    self._refused,
+                    method,
+                    context.peer(),
+                    why.split(":")[0],
+                )
                 self._refused, self._logged = 0, now
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 

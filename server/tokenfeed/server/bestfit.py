@@ -129,8 +129,9 @@ def bestfit_layout(doc_lengths: np.ndarray, seq_len: int, add_bos: bool) -> Best
     first_of_doc = np.cumsum(full) - full
     full_offsets = (np.arange(n_full, dtype=np.int64) - first_of_doc[full_docs]) * capacity
 
-    row = np.concatenate([np.arange(n_full, dtype=np.int64),
-                          np.asarray(tail_rows, dtype=np.int64) + n_full])  # fmt: skip
+    row = np.concatenate(
+        [np.arange(n_full, dtype=np.int64), np.asarray(tail_rows, dtype=np.int64) + n_full]
+    )
     start = np.concatenate([np.zeros(n_full, np.int64), np.asarray(tail_starts, np.int64)])
     doc = np.concatenate([full_docs, tail_docs.astype(np.int64)])
     offset = np.concatenate([full_offsets, full[tail_docs] * capacity])
@@ -141,10 +142,18 @@ def bestfit_layout(doc_lengths: np.ndarray, seq_len: int, add_bos: bool) -> Best
     np.cumsum(np.bincount(row, minlength=rows), out=row_pieces[1:])
     fill = np.bincount(row, weights=length, minlength=rows).astype(np.int64)
     return BestFitLayout(
-        seq_len=seq_len, bos=1 if add_bos else 0, rows=rows, row=row[by_slot],
-        start=start[by_slot], doc=doc[by_slot], offset=offset[by_slot], length=length[by_slot],
-        row_pieces=row_pieces, row_fill=fill, segment_lengths=segments,
-    )  # fmt: skip
+        seq_len=seq_len,
+        bos=1 if add_bos else 0,
+        rows=rows,
+        row=row[by_slot],
+        start=start[by_slot],
+        doc=doc[by_slot],
+        offset=offset[by_slot],
+        length=length[by_slot],
+        row_pieces=row_pieces,
+        row_fill=fill,
+        segment_lengths=segments,
+    )
 
 
 def padding_fraction(layout: BestFitLayout, seq_len: int) -> float:
@@ -163,9 +172,15 @@ def _check_seq_len(layout: BestFitLayout, seq_len: int) -> None:
 
 
 def bestfit_rows_at(
-    layout: BestFitLayout, doc_offsets: np.ndarray, tokens: np.ndarray, rows: np.ndarray,
-    seq_len: int, bos_id: int, eos_id: int, pad_id: int,
-) -> dict[str, np.ndarray]:  # fmt: skip
+    layout: BestFitLayout,
+    doc_offsets: np.ndarray,
+    tokens: np.ndarray,
+    rows: np.ndarray,
+    seq_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
     """Rows `rows` of the layout, tensors BESTFIT_TENSOR_NAMES, each int32 [len(rows), seq_len].
 
     `doc_offsets` gives the offset in `tokens` of each document, indexed like the layout's

@@ -128,9 +128,11 @@ class Progress:
         left = max(self.total_bytes - self.bytes, 0)
         eta = f"{left / rate:.0f}s" if rate > 0 else "?"
         pct = 100.0 * self.chunks / max(self.total_chunks, 1)
-        return (f"[{pct:5.1f}%] {self.chunks}/{self.total_chunks} chunks, {self.docs:,} docs, "
-                f"{self.tokens:,} tokens, {rate / 1e6:.2f} MB/s, "
-                f"{self.tokens / elapsed / 1e6:.2f} M tokens/s, ETA {eta}")  # fmt: skip
+        return (
+            f"[{pct:5.1f}%] {self.chunks}/{self.total_chunks} chunks, {self.docs:,} docs, "
+            f"{self.tokens:,} tokens, {rate / 1e6:.2f} MB/s, "
+            f"{self.tokens / elapsed / 1e6:.2f} M tokens/s, ETA {eta}"
+        )
 
     def draw(self) -> None:
         self._drawn = time.monotonic()
@@ -148,32 +150,44 @@ def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stde
     context = multiprocessing.get_context("spawn")
     for name in names:
         # Workers spawn at the first submit, after this process scanned (cleaned) the store.
-        pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                      initargs=(config, name, keep))  # fmt: skip
+        pool = cf.ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init_worker, initargs=(config, name, keep)
+        )
         with pool:
             tokenized += _build_job(config, name, workers, pool, out)
     return tokenized
 
 
-def _build_job(config: Config, name: str, workers: int, pool: cf.ProcessPoolExecutor,
-               out: TextIO) -> int:  # fmt: skip
+def _build_job(
+    config: Config, name: str, workers: int, pool: cf.ProcessPoolExecutor, out: TextIO
+) -> int:
     job = planned_job(config, name)
     todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
     # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
-    before = {(d, i) for d, i in todo
-              if job.indexes[d].store.get_index(job.indexes[d].keys[i]) is not None}  # fmt: skip
+    before = {
+        (d, i)
+        for d, i in todo
+        if job.indexes[d].store.get_index(job.indexes[d].keys[i]) is not None
+    }
     total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
-    print(f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
-          f"{total_bytes / 1e6:.1f} MB of sources; {len(before)} already in the store, "
-          f"building the rest with {workers} process(es)", file=out, flush=True)  # fmt: skip
+    print(
+        f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
+        f"{total_bytes / 1e6:.1f} MB of sources; {len(before)} already in the store, "
+        f"building the rest with {workers} process(es)",
+        file=out,
+        flush=True,
+    )
     progress = Progress(out, len(todo), total_bytes)
     for d, i in before:
         idx = job.indexes[d]
         entry, units = idx._index_chunk(i)
         idx._record(i, entry, units)
         progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
-    futures = [pool.submit(_build_chunk, d, i, job.indexes[d].chunks[i])
-               for d, i in todo if (d, i) not in before]  # fmt: skip
+    futures = [
+        pool.submit(_build_chunk, d, i, job.indexes[d].chunks[i])
+        for d, i in todo
+        if (d, i) not in before
+    ]
     try:
         for future in cf.as_completed(futures):
             done = future.result()
@@ -188,7 +202,11 @@ def _build_job(config: Config, name: str, workers: int, pool: cf.ProcessPoolExec
     for idx in job.indexes:
         idx._finish()
     elapsed = time.monotonic() - progress.started
-    print(f"job {name}: built; tokenized {progress.tokenized} chunks, "
-          f"{progress.skipped} were already in the store; {progress.bytes / 1e6:.1f} MB in "
-          f"{elapsed:.1f}s; fingerprint {job.fingerprint}", file=out, flush=True)  # fmt: skip
+    print(
+        f"job {name}: built; tokenized {progress.tokenized} chunks, "
+        f"{progress.skipped} were already in the store; {progress.bytes / 1e6:.1f} MB in "
+        f"{elapsed:.1f}s; fingerprint {job.fingerprint}",
+        file=out,
+        flush=True,
+    )
     return progress.tokenized

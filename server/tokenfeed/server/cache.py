@@ -126,8 +126,13 @@ class DiskCache:
             for key, size in found:
                 self._add_locked((kind.name, key), _Entry(size, kind.evictable))
         if found:
-            log.info("cache: kept %d %s entries (%d bytes) from %s",
-                     len(found), kind.name, sum(s for _, s in found), self.root)  # fmt: skip
+            log.info(
+                "cache: kept %d %s entries (%d bytes) from %s",
+                len(found),
+                kind.name,
+                sum(s for _, s in found),
+                self.root,
+            )
         self._shrink_to_budget()
 
     def set_policy(self, policy: Policy) -> None:
@@ -288,8 +293,11 @@ class DiskCache:
         chunks no configured job reads any more: an object's old version); the number.
         Walks the entries: once, after every job is planned."""
         with self._lock:
-            found = [(k, e) for k, e in self._entries.items()
-                     if k[0] == kind and not e.evictable and not referenced(k[1])]  # fmt: skip
+            found = [
+                (k, e)
+                for k, e in self._entries.items()
+                if k[0] == kind and not e.evictable and not referenced(k[1])
+            ]
             for k, entry in found:
                 entry.evictable = True
                 self._evictable[k] = None
@@ -347,8 +355,10 @@ class DiskCache:
         """Set the kind's gauges from its running totals (lock held): O(1)."""
         gauges = self._gauges.get(kind)
         if gauges is None:
-            gauges = self._gauges[kind] = (metrics.CACHE_ENTRIES.labels(kind),
-                                           metrics.CACHE_BYTES.labels(kind))  # fmt: skip
+            gauges = self._gauges[kind] = (
+                metrics.CACHE_ENTRIES.labels(kind),
+                metrics.CACHE_BYTES.labels(kind),
+            )
         n, b = self._totals[kind]
         gauges[0].set(n)
         gauges[1].set(b)
@@ -423,8 +433,9 @@ class DiskCache:
                 if done is not None:
                     done.set()
 
-    def _victims(self, candidates: list[EntryKey], excess: int,
-                 incoming: dict[EntryKey, int] | None = None) -> list[EntryKey]:  # fmt: skip
+    def _victims(
+        self, candidates: list[EntryKey], excess: int, incoming: dict[EntryKey, int] | None = None
+    ) -> list[EntryKey]:
         """Furthest next use first (Belady); unknown or never-again before anything known;
         least recently used first among equals (an incoming entry counts as just used)."""
         incoming = incoming or {}

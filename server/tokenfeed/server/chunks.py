@@ -71,8 +71,15 @@ class Chunk:
         first = parts[0]
         if any((p.kind, p.text_field) != (first.kind, first.text_field) for p in parts):
             raise ValueError(f"{first.describe()}: a group's parts must share kind and field")
-        return cls(first.source, first.kind, first.text_field, 0, len(parts),
-                   nbytes=sum(p.raw_bytes for p in parts), parts=tuple(parts))  # fmt: skip
+        return cls(
+            first.source,
+            first.kind,
+            first.text_field,
+            0,
+            len(parts),
+            nbytes=sum(p.raw_bytes for p in parts),
+            parts=tuple(parts),
+        )
 
     @property
     def pieces(self) -> tuple[Chunk, ...]:
@@ -98,17 +105,23 @@ class Chunk:
         if self.parts:
             first, last = self.parts[0], self.parts[-1]
             if first.source.uri == last.source.uri:  # row groups of one Parquet file
-                return (f"{first.source.uri} (row groups {first.row_group}-{last.row_group}, "
-                        f"rows {first.start}-{last.end})")  # fmt: skip
+                return (
+                    f"{first.source.uri} (row groups {first.row_group}-{last.row_group}, "
+                    f"rows {first.start}-{last.end})"
+                )
             n, objects = len(self.parts), len({p.source.uri for p in self.parts})
             parts = f"{n} parts, " if n != objects else ""
-            return (f"{objects} objects {first.source.uri} .. {last.source.uri} ({parts}"
-                    f"{self.raw_bytes} bytes)")  # fmt: skip
+            return (
+                f"{objects} objects {first.source.uri} .. {last.source.uri} ({parts}"
+                f"{self.raw_bytes} bytes)"
+            )
         if self.kind == "parquet":
             return f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end})"
         if self.kind == "parquet-tokens":
-            return (f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end}"
-                    f", token ids in {self.text_field!r})")  # fmt: skip
+            return (
+                f"{self.source.uri} (row group {self.row_group}, rows {self.start}-{self.end}"
+                f", token ids in {self.text_field!r})"
+            )
         if self.kind == "megatron":
             return f"{self.source.uri} (documents {self.start}-{self.end})"
         return f"{self.source.uri} (bytes {self.start}-{self.end})"
@@ -119,9 +132,17 @@ class Chunk:
             text = "\x1f".join(["group", *(p.key(tokenizer_digest) for p in self.parts)])
             return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
         parts: tuple = (
-            CHUNK_FORMAT_VERSION, self.source.uri, self.source.size, self.source.version,
-            self.kind, self.text_field, self.start, self.end, self.row_group, tokenizer_digest,
-        )  # fmt: skip
+            CHUNK_FORMAT_VERSION,
+            self.source.uri,
+            self.source.size,
+            self.source.version,
+            self.kind,
+            self.text_field,
+            self.start,
+            self.end,
+            self.row_group,
+            tokenizer_digest,
+        )
         if self.companion is not None:  # appended, so the keys of other chunks stay as they were
             c = self.companion
             parts += (c.uri, c.size, c.version)
@@ -138,11 +159,15 @@ def source_kind(uri: str, declared: str, token_field: str | None = None) -> str:
             break
     if declared == "megatron" or (declared == "auto" and name.endswith(".idx")):
         if compression or not name.endswith(".idx"):
-            raise SourceError(f"{uri}: a Megatron source must match the .idx files (the .bin "
-                              "beside each is read with it), uncompressed")  # fmt: skip
+            raise SourceError(
+                f"{uri}: a Megatron source must match the .idx files (the .bin "
+                "beside each is read with it), uncompressed"
+            )
         if token_field is not None:
-            raise SourceError(f"{uri}: token_field applies to Parquet sources; a Megatron "
-                              "dataset holds nothing but token ids")  # fmt: skip
+            raise SourceError(
+                f"{uri}: token_field applies to Parquet sources; a Megatron "
+                "dataset holds nothing but token ids"
+            )
         return "megatron"
     if declared == "parquet" or (declared == "auto" and name.endswith(".parquet")):
         if compression:
@@ -160,10 +185,9 @@ def source_kind(uri: str, declared: str, token_field: str | None = None) -> str:
 
 def is_token_list(kind: pa.DataType) -> bool:
     """A Parquet/Arrow type that holds one document's token ids per row."""
-    return (
-        (pa.types.is_list(kind) or pa.types.is_large_list(kind))
-        and pa.types.is_integer(kind.value_type)
-    )  # fmt: skip
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(
+        kind.value_type
+    )
 
 
 def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
@@ -178,14 +202,21 @@ def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> li
         raise SourceError(f"{obj.uri}: not a readable Parquet file: {e}") from e
     if field not in schema.names:
         key = "token_field" if tokens else "text_field"
-        raise SourceError(f"{obj.uri}: no column {field!r} (columns: {schema.names}); "
-                          f"set {key} on the source")  # fmt: skip
+        raise SourceError(
+            f"{obj.uri}: no column {field!r} (columns: {schema.names}); set {key} on the source"
+        )
     kind = schema.field(field).type
     if tokens and not is_token_list(kind):
-        raise SourceError(f"{obj.uri}: column {field!r} is {kind}, expected a list of integer "
-                          "token ids (token_field)")  # fmt: skip
-    text = (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind))  # fmt: skip
+        raise SourceError(
+            f"{obj.uri}: column {field!r} is {kind}, expected a list of integer "
+            "token ids (token_field)"
+        )
+    text = (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
     if not tokens and not text:
         raise SourceError(f"{obj.uri}: column {field!r} is {kind}, expected a string")
     chunks, row = [], 0
@@ -195,8 +226,17 @@ def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> li
         columns = [group.column(c) for c in range(group.num_columns)]
         if tokens:  # only the token column is read (a list is one leaf: `field.list.element`)
             columns = [c for c in columns if c.path_in_schema.split(".")[0] == field]
-            chunks.append(Chunk(obj, "parquet-tokens", field, row, row + n, g,
-                                sum(c.total_compressed_size for c in columns)))  # fmt: skip
+            chunks.append(
+                Chunk(
+                    obj,
+                    "parquet-tokens",
+                    field,
+                    row,
+                    row + n,
+                    g,
+                    sum(c.total_compressed_size for c in columns),
+                )
+            )
         else:
             size = sum(c.total_compressed_size for c in columns)
             chunks.append(Chunk(obj, "parquet", field, row, row + n, g, size))
@@ -223,21 +263,28 @@ def megatron_header(store: ObjectStore, idx: ObjectInfo) -> MegatronHeader:
     """The header of a Megatron .idx, checked against the object's size."""
     raw = store.read_range(idx, 0, MEGATRON_HEADER_BYTES)
     if len(raw) < MEGATRON_HEADER_BYTES or raw[: len(IDX_MAGIC)] != IDX_MAGIC:
-        raise SourceError(f"{idx.uri}: not a Megatron .idx file (no MMIDIDX magic, or shorter "
-                          f"than the {MEGATRON_HEADER_BYTES}-byte header)")  # fmt: skip
+        raise SourceError(
+            f"{idx.uri}: not a Megatron .idx file (no MMIDIDX magic, or shorter "
+            f"than the {MEGATRON_HEADER_BYTES}-byte header)"
+        )
     version, code, n, docs = struct.unpack_from("<QBQQ", raw, len(IDX_MAGIC))
     if version != IDX_VERSION:
-        raise SourceError(f"{idx.uri}: Megatron .idx version {version}; only version "
-                          f"{IDX_VERSION} is supported")  # fmt: skip
+        raise SourceError(
+            f"{idx.uri}: Megatron .idx version {version}; only version {IDX_VERSION} is supported"
+        )
     if code not in _TOKEN_DTYPES:
         what = CODE_DTYPES[code].name if code in CODE_DTYPES else "unknown"
-        raise SourceError(f"{idx.uri}: dtype code {code} ({what}) is not an integer token type; "
-                          f"supported codes: {sorted(_TOKEN_DTYPES)}")  # fmt: skip
+        raise SourceError(
+            f"{idx.uri}: dtype code {code} ({what}) is not an integer token type; "
+            f"supported codes: {sorted(_TOKEN_DTYPES)}"
+        )
     expected = MEGATRON_HEADER_BYTES + 12 * n + 8 * docs
     if idx.size != expected:
-        raise SourceError(f"{idx.uri}: {idx.size} bytes, but its header describes {n} sequences "
-                          f"and {docs} document entries ({expected} bytes): truncated or "
-                          "corrupt")  # fmt: skip
+        raise SourceError(
+            f"{idx.uri}: {idx.size} bytes, but its header describes {n} sequences "
+            f"and {docs} document entries ({expected} bytes): truncated or "
+            "corrupt"
+        )
     return MegatronHeader(_TOKEN_DTYPES[code], n, docs)
 
 
@@ -250,8 +297,7 @@ def megatron_bin(store: ObjectStore, idx: ObjectInfo) -> ObjectInfo:
     except SourceError:
         found = []
     if len(found) != 1:
-        raise SourceError(f"{idx.uri}: no {uri} beside it; a Megatron dataset is a .bin/.idx "
-                          "pair")  # fmt: skip
+        raise SourceError(f"{idx.uri}: no {uri} beside it; a Megatron dataset is a .bin/.idx pair")
     return found[0]
 
 
@@ -260,16 +306,26 @@ def _megatron_chunks(store: ObjectStore, idx: ObjectInfo, chunk_bytes: int) -> l
     data = megatron_bin(store, idx)
     n, itemsize = header.sequences, header.dtype.itemsize
     if data.size % itemsize or (n == 0 and data.size):
-        raise SourceError(f"{data.uri}: {data.size} bytes do not fit {idx.uri}, which holds "
-                          f"{n} sequences of {header.dtype.name} tokens")  # fmt: skip
+        raise SourceError(
+            f"{data.uri}: {data.size} bytes do not fit {idx.uri}, which holds "
+            f"{n} sequences of {header.dtype.name} tokens"
+        )
     if n == 0:
         return []
     # Sequences per chunk from the average size: deterministic from the listing and the header.
     per = max(1, chunk_bytes * n // data.size) if data.size else n
-    return [Chunk(idx, "megatron", "", s, min(s + per, n),
-                  nbytes=12 * (min(s + per, n) - s) + data.size * (min(s + per, n) - s) // n,
-                  companion=data)
-            for s in range(0, n, per)]  # fmt: skip
+    return [
+        Chunk(
+            idx,
+            "megatron",
+            "",
+            s,
+            min(s + per, n),
+            nbytes=12 * (min(s + per, n) - s) + data.size * (min(s + per, n) - s) // n,
+            companion=data,
+        )
+        for s in range(0, n, per)
+    ]
 
 
 def plan_chunks(
@@ -286,8 +342,13 @@ def plan_chunks(
             continue
         if obj.size == 0:
             continue
-        reading = (obj.uri.split("://", 1)[0] if "://" in obj.uri else "file", kind,
-                   spec.format, spec.text_field, spec.token_field)  # fmt: skip
+        reading = (
+            obj.uri.split("://", 1)[0] if "://" in obj.uri else "file",
+            kind,
+            spec.format,
+            spec.text_field,
+            spec.token_field,
+        )
         if kind in ("parquet", "parquet-tokens"):
             groups = _parquet_chunks(storage.for_uri(obj.uri), obj, spec)
             # A group crosses into another file only from a file of small row groups alone.

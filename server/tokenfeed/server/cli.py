@@ -87,8 +87,10 @@ def cmd_inspect(args) -> int:
         _, arrays = _local_batch(cfg, spec.name, args.step, args.rank, args.world_size)
     tok = TextTokenizer(spec.tokenizer)
     ids = arrays["input_ids"]
-    print(f"job {spec.name} step {args.step} rank {args.rank}/{args.world_size}: "
-          f"{ids.shape[0]} rows x {ids.shape[1]} tokens")  # fmt: skip
+    print(
+        f"job {spec.name} step {args.step} rank {args.rank}/{args.world_size}: "
+        f"{ids.shape[0]} rows x {ids.shape[1]} tokens"
+    )
     for r in range(min(args.rows, ids.shape[0])):
         segments = arrays["segment_ids"][r]
         print(f"--- row {r}: {int(segments.max())} document piece(s)")
@@ -107,8 +109,10 @@ def cmd_explain(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"job {info['job']} step {info['step']} rank {info['rank']}/{info['world_size']} "
-          f"fingerprint {info['fingerprint']}")  # fmt: skip
+    print(
+        f"job {info['job']} step {info['step']} rank {info['rank']}/{info['world_size']} "
+        f"fingerprint {info['fingerprint']}"
+    )
     for row in info["rows"]:
         print(f"row {row['row']}: dataset {row['dataset']}, epoch {row['epoch']}")
         for p in row["pieces"]:
@@ -143,12 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build", help="tokenize the token store offline, on every core")
     p.add_argument("--config", required=True, help="YAML or TOML config file")
     p.add_argument("--job", help="one job (default: every job of the config)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="processes (default: one per core); with --ray and no ADDRESS, the "
-                        "local Ray's CPUs")  # fmt: skip
-    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="tokenize as Ray tasks on the cluster at ADDRESS (a local Ray when "
-                        "none is given) into the shared store (store.uri, required)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes (default: one per core); with --ray and no ADDRESS, the local Ray's CPUs",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="tokenize as Ray tasks on the cluster at ADDRESS (a local Ray when "
+        "none is given) into the shared store (store.uri, required)",
+    )
     p.add_argument("--cache-dir", help="override server.cache_dir (the local store)")
     p.set_defaults(fn=cmd_build)
 

@@ -257,15 +257,21 @@ def _check_source_fields(spec: SourceSpec, s: Section) -> None:
     jsonl = spec.format == "jsonl" or (spec.format == "auto" and name.endswith(JSONL_SUFFIXES))
     if spec.token_field is not None and (megatron or jsonl):
         kind = "Megatron datasets hold token ids already" if megatron else "not JSON Lines"
-        raise ConfigError(f"{s.path('token_field')}: applies to Parquet sources only ({kind}), "
-                          f"got {spec.token_field!r} for {spec.pattern!r}")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('token_field')}: applies to Parquet sources only ({kind}), "
+            f"got {spec.token_field!r} for {spec.pattern!r}"
+        )
     if spec.token_field is not None and "text_field" in s.raw:
-        raise ConfigError(f"{s.path('token_field')}: a source reads either a text column or a "
-                          f"token column, got text_field {s.raw['text_field']!r} and "
-                          f"token_field {spec.token_field!r}")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('token_field')}: a source reads either a text column or a "
+            f"token column, got text_field {s.raw['text_field']!r} and "
+            f"token_field {spec.token_field!r}"
+        )
     if megatron and "text_field" in s.raw:
-        raise ConfigError(f"{s.path('text_field')}: a Megatron source has no text field, got "
-                          f"{s.raw['text_field']!r} for {spec.pattern!r}")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('text_field')}: a Megatron source has no text field, got "
+            f"{s.raw['text_field']!r} for {spec.pattern!r}"
+        )
 
 
 def _tokenizer(raw: Any, where: str, base: Path) -> TokenizerSpec:
@@ -290,8 +296,9 @@ def _sources(s: Section, base: Path, text_field: str) -> tuple[SourceSpec, ...]:
         raw = [raw]
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{s.path('sources')}: expected a non-empty list, got {raw!r}")
-    return tuple(_source(r, f"{s.path('sources')}[{i}]", base, text_field)
-                 for i, r in enumerate(raw))  # fmt: skip
+    return tuple(
+        _source(r, f"{s.path('sources')}[{i}]", base, text_field) for i, r in enumerate(raw)
+    )
 
 
 # Under this, per-chunk costs outweigh the bytes read (bench/smallobjects.py, bench/store.py).
@@ -305,8 +312,10 @@ def _chunk_bytes(s: Section, default: int) -> int:
     if "chunk_bytes" in s.raw and size < SMALL_CHUNK_BYTES:
         log.warning(
             "%s: chunk_bytes %d is under 1 MiB: each chunk costs 4 store files, a manifest and "
-            "at least one GET; expect slow builds and a large store", s.path("chunk_bytes"), size
-        )  # fmt: skip
+            "at least one GET; expect slow builds and a large store",
+            s.path("chunk_bytes"),
+            size,
+        )
     return size
 
 
@@ -317,11 +326,14 @@ def _datasets(s: Section, base: Path, text_field: str, chunk_bytes: int):
         return (DatasetSpec(name, _sources(s, base, text_field), chunk_bytes),), (Fraction(1),)
     raw = s.require("datasets")
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{s.path('datasets')}: expected a mapping of name to dataset, "
-                          f"got {raw!r}")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('datasets')}: expected a mapping of name to dataset, got {raw!r}"
+        )
     if "sources" in s.raw:
-        raise ConfigError(f"{s.path('sources')}: give sources inside each dataset of "
-                          f"{s.path('datasets')}, not beside them")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('sources')}: give sources inside each dataset of "
+            f"{s.path('datasets')}, not beside them"
+        )
     datasets, weights = [], []
     for name, body in raw.items():
         d = Section(body, f"{s.path('datasets')}.{name}")
@@ -345,8 +357,9 @@ def _weights(raw: Any, where: str, names: list[str], previous: tuple[Fraction, .
 
 def _check_weights(weights: tuple[Fraction, ...], where: str) -> None:
     if sum(weights) <= 0:
-        raise ConfigError(f"{where}: weights must have a positive sum, got "
-                          f"{[str(w) for w in weights]}")  # fmt: skip
+        raise ConfigError(
+            f"{where}: weights must have a positive sum, got {[str(w) for w in weights]}"
+        )
 
 
 def _phases(s: Section, first: PhaseSpec, names: list[str], multiple: int):
@@ -359,8 +372,10 @@ def _phases(s: Section, first: PhaseSpec, names: list[str], multiple: int):
         prev = phases[-1]
         start = p.int("start_step", minimum=1)
         if start <= prev.start_step:
-            raise ConfigError(f"{p.path('start_step')}: phases must start in increasing order; "
-                              f"{start} is not after {prev.start_step}")  # fmt: skip
+            raise ConfigError(
+                f"{p.path('start_step')}: phases must start in increasing order; "
+                f"{start} is not after {prev.start_step}"
+            )
         batch = p.int("global_batch_size", prev.global_batch_size, minimum=1)
         weights = prev.weights
         if "weights" in p.raw:
@@ -371,8 +386,10 @@ def _phases(s: Section, first: PhaseSpec, names: list[str], multiple: int):
     for i, phase in enumerate(phases):
         if phase.global_batch_size % multiple:
             where = s.path("global_batch_size") if i == 0 else f"{s.path('schedule')}[{i - 1}]"
-            raise ConfigError(f"{where}: global_batch_size {phase.global_batch_size} is not a "
-                              f"multiple of batch_multiple_of {multiple}")  # fmt: skip
+            raise ConfigError(
+                f"{where}: global_batch_size {phase.global_batch_size} is not a "
+                f"multiple of batch_multiple_of {multiple}"
+            )
     return tuple(phases)
 
 
@@ -436,8 +453,9 @@ def _workers(s: Section) -> int:
     if raw == "auto":
         return available_cpus()
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 1024:
-        raise ConfigError(f"{s.path('workers')}: expected an integer in [1, 1024] or 'auto', "
-                          f"got {raw!r}")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('workers')}: expected an integer in [1, 1024] or 'auto', got {raw!r}"
+        )
     return raw
 
 
@@ -458,9 +476,11 @@ def _tls(raw: Any, base: Path) -> TlsSpec:
         return TlsSpec()
     s = Section(raw, "server.tls")
     ca = s.opt_str("client_ca_file")
-    spec = TlsSpec(cert_file=resolve(s.str("cert_file"), base),
-                   key_file=resolve(s.str("key_file"), base),
-                   client_ca_file=resolve(ca, base) if ca else "")  # fmt: skip
+    spec = TlsSpec(
+        cert_file=resolve(s.str("cert_file"), base),
+        key_file=resolve(s.str("key_file"), base),
+        client_ca_file=resolve(ca, base) if ca else "",
+    )
     s.done()
     return spec
 
@@ -468,21 +488,26 @@ def _tls(raw: Any, base: Path) -> TlsSpec:
 def _limits(raw: Any) -> LimitsSpec:
     s, d = Section(raw if raw is not None else {}, "server.limits"), LimitsSpec
     spec = LimitsSpec(
-        max_request_bytes=parse_size(s.get("max_request_bytes", d.max_request_bytes),
-                                     s.path("max_request_bytes")),
+        max_request_bytes=parse_size(
+            s.get("max_request_bytes", d.max_request_bytes), s.path("max_request_bytes")
+        ),
         max_concurrent_rpcs=s.int("max_concurrent_rpcs", d.max_concurrent_rpcs, minimum=1),
-        max_streams_per_connection=s.int("max_streams_per_connection",
-                                         d.max_streams_per_connection, minimum=1),
+        max_streams_per_connection=s.int(
+            "max_streams_per_connection", d.max_streams_per_connection, minimum=1
+        ),
         keepalive_seconds=s.number("keepalive_seconds", d.keepalive_seconds, minimum=1.0),
-        keepalive_timeout_seconds=s.number("keepalive_timeout_seconds",
-                                           d.keepalive_timeout_seconds, minimum=1.0),
+        keepalive_timeout_seconds=s.number(
+            "keepalive_timeout_seconds", d.keepalive_timeout_seconds, minimum=1.0
+        ),
         min_ping_seconds=s.number("min_ping_seconds", d.min_ping_seconds, minimum=0.0),
         idle_seconds=s.number("idle_seconds", d.idle_seconds, minimum=1.0),
-    )  # fmt: skip
+    )
     s.done()
     if spec.max_request_bytes < 1024:
-        raise ConfigError(f"{s.path('max_request_bytes')}: {spec.max_request_bytes} bytes cannot "
-                          "hold a request; expected at least 1KiB")  # fmt: skip
+        raise ConfigError(
+            f"{s.path('max_request_bytes')}: {spec.max_request_bytes} bytes cannot "
+            "hold a request; expected at least 1KiB"
+        )
     return spec
 
 
@@ -495,8 +520,9 @@ def _auth(raw: Any, base: Path) -> AuthSpec:
     if not (path or env):
         raise ConfigError(f"server.auth: expected tokens_file, tokens_env or both, got {raw!r}")
     if env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
-        raise ConfigError(f"server.auth.tokens_env: expected the name of an environment "
-                          f"variable, got {env!r}")  # fmt: skip
+        raise ConfigError(
+            f"server.auth.tokens_env: expected the name of an environment variable, got {env!r}"
+        )
     return AuthSpec(tokens_file=resolve(path, base) if path else "", tokens_env=env or "")
 
 
@@ -518,8 +544,9 @@ def _object_store(raw: Any) -> ObjectStoreSpec:
     )
     s.done()
     if spec.endpoint_url is not None and not re.match(r"https?://", spec.endpoint_url):
-        raise ConfigError(f"object_store.endpoint_url: expected http:// or https://, got "
-                          f"{spec.endpoint_url!r}")  # fmt: skip
+        raise ConfigError(
+            f"object_store.endpoint_url: expected http:// or https://, got {spec.endpoint_url!r}"
+        )
     return spec
 
 
@@ -533,12 +560,13 @@ def _store(raw: Any, base: Path, server: ServerSpec) -> StoreSpec:
         uri = resolve(uri.removeprefix("file://"), base)
     node = s.opt_str("node") or (f"{socket.gethostname()}:{server.cache_dir}" if uri else "")
     spec = StoreSpec(
-        uri=uri, node=node,
+        uri=uri,
+        node=node,
         min_nodes=s.int("min_nodes", d.min_nodes, minimum=1),
         join_seconds=s.number("join_seconds", d.join_seconds),
         node_ttl_seconds=s.number("node_ttl_seconds", d.node_ttl_seconds),
         takeover_seconds=s.number("takeover_seconds", d.takeover_seconds),
-    )  # fmt: skip
+    )
     s.done()
     if raw is not None and not uri:
         raise ConfigError("store.uri: expected s3://bucket/prefix/ or a directory")
@@ -565,8 +593,9 @@ def from_dict(raw: Any, *, base: Path | str = ".", origin: str = "<memory>") -> 
         top.done()
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    return Config(server=server, jobs=tuple(jobs), object_store=object_store, store=store,
-                  origin=origin)  # fmt: skip
+    return Config(
+        server=server, jobs=tuple(jobs), object_store=object_store, store=store, origin=origin
+    )
 
 
 def load(path: str | Path) -> Config:

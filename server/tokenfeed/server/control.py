@@ -50,15 +50,22 @@ class SupervisorUnavailable(LocalError):
 
 PLAN_WAIT_SECONDS = 0.05  # how often `chunks` looks again while the supervisor still plans
 # The errors a worker raises again as they are (their gRPC status is what the client needs).
-_PASSED_ON = {cls.__name__: cls for cls in (BadRecordError, JobFailedError, SourceError,
-                                            SourceChangedError, StoreCorruptError)}  # fmt: skip
+_PASSED_ON = {
+    cls.__name__: cls
+    for cls in (BadRecordError, JobFailedError, SourceError, SourceChangedError, StoreCorruptError)
+}
 
 
 class Supervised:
     """The supervisor's side: answers workers' requests about its jobs (app.Job objects)."""
 
-    def __init__(self, path: Path, jobs: dict, loop: asyncio.AbstractEventLoop,
-                 on_metrics: Callable[[int, list], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        jobs: dict,
+        loop: asyncio.AbstractEventLoop,
+        on_metrics: Callable[[int, list], None] | None = None,
+    ):
         self.path, self.jobs, self.loop, self.on_metrics = path, jobs, loop, on_metrics
         self.authkey = os.urandom(32)
         path.unlink(missing_ok=True)
@@ -166,8 +173,9 @@ class SupervisorLink:
             reply = conn.recv()
         except (OSError, EOFError) as e:
             self._local.conn = None
-            raise SupervisorUnavailable(f"the supervisor of this server is not answering ({e})"
-                                        ) from None  # fmt: skip
+            raise SupervisorUnavailable(
+                f"the supervisor of this server is not answering ({e})"
+            ) from None
         if reply[0] == "ok":
             return reply[1]
         _, kind, message = reply

@@ -46,8 +46,16 @@ jobs:
 
 def start_server(config: Path, ready: Path) -> tuple[subprocess.Popen, str]:
     ready.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(config),
-           "--ready-file", str(ready)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--ready-file",
+        str(ready),
+    ]
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 60
     while not ready.exists():
@@ -71,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     corpus, tok_path, n_docs = democorpus.prepare(out)
     size = sum(p.stat().st_size for p in corpus.iterdir())
-    print(f"corpus: {n_docs} documents, {size / 1e6:.2f} MB in {corpus} "
-          f"(prepared in {time.perf_counter() - t0:.1f}s)")  # fmt: skip
+    print(
+        f"corpus: {n_docs} documents, {size / 1e6:.2f} MB in {corpus} "
+        f"(prepared in {time.perf_counter() - t0:.1f}s)"
+    )
     config = out / "tokenfeed.yaml"
     config.write_text(CONFIG.format(seq_len=args.seq_len, batch=args.batch))
 
@@ -86,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             while info["state"] == "JOB_STATE_INDEXING" and time.monotonic() < deadline:
                 time.sleep(0.1)  # the sizes below are the whole corpus's once it is built
                 info = feed.describe()
-            print(f"job demo: {info['num_chunks']} chunks, {info['num_documents']} documents, "
-                  f"{info['num_tokens']} tokens, {info['steps_per_epoch']} steps per epoch, "
-                  f"fingerprint {info['fingerprint']}")  # fmt: skip
+            print(
+                f"job demo: {info['num_chunks']} chunks, {info['num_documents']} documents, "
+                f"{info['num_tokens']} tokens, {info['steps_per_epoch']} steps per epoch, "
+                f"fingerprint {info['fingerprint']}"
+            )
             tok = TextTokenizer(TokenizerSpec(path=str(tok_path)))
             print(f"step 0, rank 0 of 2: {dict((k, v.shape) for k, v in batch.items())}")
             for r in range(2):
@@ -101,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             tokens = sum(b["input_ids"].size for b in feed.iter_batches(0, args.steps))
             elapsed = time.perf_counter() - start
-            print(f"streamed {args.steps} steps: {tokens / elapsed / 1e6:.2f} M tokens/s, "
-                  f"{args.steps / elapsed:.0f} steps/s over loopback")  # fmt: skip
+            print(
+                f"streamed {args.steps} steps: {tokens / elapsed / 1e6:.2f} M tokens/s, "
+                f"{args.steps / elapsed:.0f} steps/s over loopback"
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)

@@ -80,10 +80,18 @@ def write_corpus(out: Path, docs: list[str]) -> list[Path]:
     """Split docs over the three source formats: plain JSONL, JSONL.zst + .gz, and Parquet."""
     out.mkdir(parents=True, exist_ok=True)
     n = len(docs)
-    parts = [docs[: n // 2], docs[n // 2 : 3 * n // 4], docs[3 * n // 4 : 7 * n // 8],
-             docs[7 * n // 8 :]]  # fmt: skip
-    paths = [out / "docs-000.jsonl", out / "docs-001.jsonl.zst", out / "docs-002.jsonl.gz",
-             out / "docs-003.parquet"]  # fmt: skip
+    parts = [
+        docs[: n // 2],
+        docs[n // 2 : 3 * n // 4],
+        docs[3 * n // 4 : 7 * n // 8],
+        docs[7 * n // 8 :],
+    ]
+    paths = [
+        out / "docs-000.jsonl",
+        out / "docs-001.jsonl.zst",
+        out / "docs-002.jsonl.gz",
+        out / "docs-003.parquet",
+    ]
     offsets = [0, len(parts[0]), len(parts[0]) + len(parts[1]), n - len(parts[3])]
     paths[0].write_bytes(_jsonl(parts[0], offsets[0]))
     paths[1].write_bytes(zstandard.ZstdCompressor(level=3).compress(_jsonl(parts[1], offsets[1])))

@@ -34,8 +34,9 @@ class FutureUse:
         for job in self.jobs:
             for key, steps in next_use(job, keys).items():
                 nearest[key] = min(steps, nearest.get(key, math.inf))
-        return [nearest.get(key, math.inf) if kind == "chunk" else math.inf
-                for kind, key in candidates]  # fmt: skip
+        return [
+            nearest.get(key, math.inf) if kind == "chunk" else math.inf for kind, key in candidates
+        ]
 
 
 def next_use(job: Job, keys: list[str]) -> dict[str, float]:

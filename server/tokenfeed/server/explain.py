@@ -20,22 +20,23 @@ def explain_rows(job: Job, plan: Plan) -> list[dict]:
         d, pc = part.dataset, part.pieces
         idx = job.indexes[d]
         for slot, epoch in zip(part.slots.tolist(), part.epochs.tolist(), strict=True):
-            rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch,
-                          "pieces": []}  # fmt: skip
+            rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch, "pieces": []}
         for i in np.argsort(pc.row * (job.spec.seq_len + 1) + pc.at, kind="stable"):
             r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
             job.chunk(d, c)  # its body (and provenance) in the cache
             provenance = job.store.provenance(idx.keys[c])
             pieces = pieces_of(job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
             for doc, ts, te, rs, re in pieces:
-                uri, where = locate_record(idx.storage, idx.chunks[c], provenance,
-                                           int(provenance.record_ids[doc]))  # fmt: skip
+                uri, where = locate_record(
+                    idx.storage, idx.chunks[c], provenance, int(provenance.record_ids[doc])
+                )
                 rows[int(part.slots[r])]["pieces"].append((uri, where, ts, te, rs, re))
     return rows
 
 
-def pieces_of(job: Job, d: int, epoch: int, c: int, lo: int, hi: int, at: int
-          ) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+def pieces_of(
+    job: Job, d: int, epoch: int, c: int, lo: int, hi: int, at: int
+) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of the documents in a piece
     of chunk c (units [lo, hi) from row position `at`)."""
     s, bos = job.spec, int(job.tokenizer.add_bos)

@@ -51,8 +51,12 @@ def server_options(config: Config, reuse_port: bool) -> list[tuple[str, int]]:
     ]
 
 
-def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None,
-            key: str = "server.listen") -> str:  # fmt: skip
+def _listen(
+    server: grpc.aio.Server,
+    listen: str,
+    credentials: grpc.ServerCredentials | None = None,
+    key: str = "server.listen",
+) -> str:
     try:
         if credentials is None:
             port = server.add_insecure_port(listen)
@@ -69,8 +73,11 @@ def _security(config: Config) -> tuple[grpc.ServerCredentials | None, list]:
     credentials = auth.server_credentials(s.tls, config.origin) if s.tls.enabled else None
     tokens = auth.TokenSet(s.auth, os.environ, config.origin) if s.auth.enabled else None
     mode = ("mTLS" if s.tls.client_ca_file else "TLS") if credentials is not None else "plaintext"
-    log.info("gRPC port: %s, %s", mode,
-             f"{len(tokens)} bearer token(s)" if tokens else "no authentication")  # fmt: skip
+    log.info(
+        "gRPC port: %s, %s",
+        mode,
+        f"{len(tokens)} bearer token(s)" if tokens else "no authentication",
+    )
     return credentials, [auth.AuthInterceptor(tokens)] if tokens else []
 
 
@@ -78,24 +85,36 @@ class Front:
     """One process's gRPC servers. `listen`/`health_listen` override the config's addresses
     (a worker binds the port its supervisor reserved); `reuse_port` shares them."""
 
-    def __init__(self, config: Config, jobs: dict[str, Job], io: Executor,
-                 listen: str | None = None, health_listen: str | None = None,
-                 reuse_port: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        jobs: dict[str, Job],
+        io: Executor,
+        listen: str | None = None,
+        health_listen: str | None = None,
+        reuse_port: bool = False,
+    ):
         self.config, self.jobs = config, jobs
         credentials, interceptors = _security(config)
         self.server = grpc.aio.server(
-            options=server_options(config, reuse_port), interceptors=interceptors,
+            options=server_options(config, reuse_port),
+            interceptors=interceptors,
             maximum_concurrent_rpcs=config.server.limits.max_concurrent_rpcs,
-        )  # fmt: skip
-        servicer = TokenFeedServicer(jobs, config.server.max_wait_seconds, io,
-                                     config.server.stream_ahead)  # fmt: skip
+        )
+        servicer = TokenFeedServicer(
+            jobs, config.server.max_wait_seconds, io, config.server.stream_ahead
+        )
         register(servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), self.server,
-        )  # fmt: skip
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
         self.address = _listen(self.server, listen or config.server.listen, credentials)
         # Health alone, in plaintext, on its own port: the kubelet's gRPC probes cannot speak TLS.
         self.health_server, self.health_address = None, ""
@@ -103,8 +122,9 @@ class Front:
         if health_listen:
             self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-            self.health_address = _listen(self.health_server, health_listen,
-                                          key="server.health_listen")  # fmt: skip
+            self.health_address = _listen(
+                self.health_server, health_listen, key="server.health_listen"
+            )
 
     async def start(self) -> None:
         await self.server.start()

@@ -83,22 +83,32 @@ def status(jobs: dict[str, Job], events: RecentEvents, throughput: _Throughput) 
     for name, job in sorted(jobs.items()):
         p = job.progress
         ranks = sorted(dict(p.ranks).items())
-        out["jobs"].append({
-            "name": name, "state": job.state, "error": job.error,
-            "fingerprint": job.fingerprint, "chunks": job.num_chunks,
-            "chunks_built": job.chunks_indexed, "furthest_step": p.furthest,
-            "prefetched_step": p.prefetched, "lead_steps": p.lead_steps,
-            "lead_seconds": round(p.lead_seconds, 3), "step_rate": round(p.step_rate, 3),
-            "tokens_per_second": round(throughput.rate(name), 1),
-            "ranks": [{"rank": r, "world_size": w, "step": s, "seen": t}
-                      for (r, w), (s, t) in ranks],
-        })  # fmt: skip
+        out["jobs"].append(
+            {
+                "name": name,
+                "state": job.state,
+                "error": job.error,
+                "fingerprint": job.fingerprint,
+                "chunks": job.num_chunks,
+                "chunks_built": job.chunks_indexed,
+                "furthest_step": p.furthest,
+                "prefetched_step": p.prefetched,
+                "lead_steps": p.lead_steps,
+                "lead_seconds": round(p.lead_seconds, 3),
+                "step_rate": round(p.step_rate, 3),
+                "tokens_per_second": round(throughput.rate(name), 1),
+                "ranks": [
+                    {"rank": r, "world_size": w, "step": s, "seen": t} for (r, w), (s, t) in ranks
+                ],
+            }
+        )
     if cache is not None:
         out["cache"] = {
-            "budget_bytes": cache.budget, "used_bytes": cache.used,
+            "budget_bytes": cache.budget,
+            "used_bytes": cache.used,
             "evictions": cache.evictions,
             "kinds": {k: {"entries": n, "bytes": b} for k, (n, b) in cache.usage().items()},
-        }  # fmt: skip
+        }
     out["events"] = [{"time": t, "level": lvl, "message": m} for t, lvl, m in events.events]
     return out
 
@@ -139,10 +149,15 @@ def render(s: dict) -> str:
             parts.append(f"<tr><th>error</th><td class='failed'>{e(j['error'])}</td></tr>")
         parts.append("</table>")
         if j["ranks"]:
-            parts.append("<table><tr><th>rank</th><th>world size</th><th>latest step</th>"
-                         "<th>last request</th></tr>")  # fmt: skip
-            parts += [f"<tr><td>{r['rank']}</td><td>{r['world_size']}</td><td>{r['step']}</td>"
-                      f"<td>{_when(r['seen'])}</td></tr>" for r in j["ranks"]]  # fmt: skip
+            parts.append(
+                "<table><tr><th>rank</th><th>world size</th><th>latest step</th>"
+                "<th>last request</th></tr>"
+            )
+            parts += [
+                f"<tr><td>{r['rank']}</td><td>{r['world_size']}</td><td>{r['step']}</td>"
+                f"<td>{_when(r['seen'])}</td></tr>"
+                for r in j["ranks"]
+            ]
             parts.append("</table>")
     c = s["cache"]
     if c is not None:
@@ -151,14 +166,19 @@ def render(s: dict) -> str:
             f"{_mib(c['budget_bytes'])}</td></tr><tr><th>evictions</th><td>{c['evictions']}"
             "</td></tr>"
         )
-        parts += [f"<tr><th>{e(k)}</th><td>{v['entries']} entries, {_mib(v['bytes'])}</td></tr>"
-                  for k, v in sorted(c["kinds"].items())]  # fmt: skip
+        parts += [
+            f"<tr><th>{e(k)}</th><td>{v['entries']} entries, {_mib(v['bytes'])}</td></tr>"
+            for k, v in sorted(c["kinds"].items())
+        ]
         parts.append("</table>")
     parts.append("<h2>Recent warnings and errors</h2>")
     if s["events"]:
         parts.append("<table><tr><th>time</th><th>level</th><th>message</th></tr>")
-        parts += [f"<tr><td>{_when(ev['time'])}</td><td>{e(ev['level'])}</td>"
-                  f"<td>{e(ev['message'])}</td></tr>" for ev in reversed(s["events"])]  # fmt: skip
+        parts += [
+            f"<tr><td>{_when(ev['time'])}</td><td>{e(ev['level'])}</td>"
+            f"<td>{e(ev['message'])}</td></tr>"
+            for ev in reversed(s["events"])
+        ]
         parts.append("</table>")
     else:
         parts.append("<p>none</p>")

@@ -94,10 +94,16 @@ class BuildCancelled(Exception):
 
 
 class DatasetIndex:
-    def __init__(self, spec: JobSpec, dataset: DatasetSpec, store: TokenStore,
-                 tokenizer: TextTokenizer, storage: Storage,
-                 shared: SharedStore | None = None,
-                 supervisor: SupervisorLink | None = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: JobSpec,
+        dataset: DatasetSpec,
+        store: TokenStore,
+        tokenizer: TextTokenizer,
+        storage: Storage,
+        shared: SharedStore | None = None,
+        supervisor: SupervisorLink | None = None,
+    ):
         self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
         self.storage, self.shared = storage, shared
         # In a serving worker (control.py): the supervisor plans and tokenizes; this index
@@ -172,8 +178,9 @@ class DatasetIndex:
                 if not retry:
                     self._fail(f"index build failed: {type(e).__name__}: {e}")
                     return
-                log.exception("job %s: index build failed here; retrying in %.0fs",
-                              self.name, pause)  # fmt: skip
+                log.exception(
+                    "job %s: index build failed here; retrying in %.0fs", self.name, pause
+                )
                 self.error = f"index build failed on this server: {type(e).__name__}: {e}"
                 self._tell()
                 await asyncio.sleep(pause)
@@ -186,9 +193,11 @@ class DatasetIndex:
             self.adopt(planned[self.position])
         elif not self.chunks:
             await loop.run_in_executor(executor, self._plan)
-            self.store.cache.claim(self.raw_claim, self.raw_working_set(parallel),
-                                   f"job {self.name} (the raw data of {parallel} chunks "
-                                   "tokenized at once)")  # fmt: skip
+            self.store.cache.claim(
+                self.raw_claim,
+                self.raw_working_set(parallel),
+                f"job {self.name} (the raw data of {parallel} chunks tokenized at once)",
+            )
         todo = [int(i) for i in self.order0 if self.num_docs[i] < 0]
         todo.reverse()  # popped from the end: epoch-0 order
         # With a shared store: chunks assigned to another live node wait here until it
@@ -287,15 +296,19 @@ class DatasetIndex:
         """What the dataset's chunks are made from: recorded in a shared store, which refuses
         a dataset of the same name made from other inputs."""
         pieces = [p for c in chunks for p in c.pieces]  # every part of a group
-        sources = {c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind,
-                                  c.text_field] for c in pieces}  # fmt: skip
+        sources = {
+            c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind, c.text_field]
+            for c in pieces
+        }
         for c in pieces:  # a Megatron .idx's .bin
             if c.companion is not None:
                 sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
-        return {"chunk_format": CHUNK_FORMAT_VERSION,
-                "tokenizer_blake2b": self.tokenizer.chunk_digest,
-                "chunk_bytes": self.dataset.chunk_bytes,
-                "sources": [sources[u] for u in sorted(sources)]}  # fmt: skip
+        return {
+            "chunk_format": CHUNK_FORMAT_VERSION,
+            "tokenizer_blake2b": self.tokenizer.chunk_digest,
+            "chunk_bytes": self.dataset.chunk_bytes,
+            "sources": [sources[u] for u in sorted(sources)],
+        }
 
     def _index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
         """Runs in a worker thread: index chunk i, or None to come back to it later (it is
@@ -308,9 +321,13 @@ class DatasetIndex:
                 if not shared.mine(key):
                     if time.monotonic() - since < shared.spec.takeover_seconds:
                         return None
-                    log.info("job %s: taking over %s from node %s after %.0fs", self.name,
-                             self.chunks[i].describe(), shared.owner(key),
-                             time.monotonic() - since)  # fmt: skip
+                    log.info(
+                        "job %s: taking over %s from node %s after %.0fs",
+                        self.name,
+                        self.chunks[i].describe(),
+                        shared.owner(key),
+                        time.monotonic() - since,
+                    )
                     metrics.STORE_CHUNKS.labels("taken_over").inc()
                     shared.counts.taken_over += 1
         return self._index_chunk(i)
@@ -319,12 +336,14 @@ class DatasetIndex:
         """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
         if self.spec.packing == "concat":
             entry = self.ensure_chunk(i)
-            return entry, packing.concat_units(entry.num_tokens, entry.num_docs,
-                                               self.tokenizer.add_bos)  # fmt: skip
+            return entry, packing.concat_units(
+                entry.num_tokens, entry.num_docs, self.tokenizer.add_bos
+            )
         # best_fit needs every document's length, not just the totals: the body is opened
         entry, chunk = self.open_body(i)
-        return entry, bestfit.bestfit_rows(chunk.doc_lengths, self.spec.seq_len,
-                                           self.tokenizer.add_bos)  # fmt: skip
+        return entry, bestfit.bestfit_rows(
+            chunk.doc_lengths, self.spec.seq_len, self.tokenizer.add_bos
+        )
 
     def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
         """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
@@ -336,12 +355,14 @@ class DatasetIndex:
                 try:
                     return entry, self.store.open(key)
                 except StoreCorruptError as e:
-                    log.warning("job %s: %s; re-tokenizing %s", self.name, e,
-                                self.chunks[i].describe())  # fmt: skip
+                    log.warning(
+                        "job %s: %s; re-tokenizing %s", self.name, e, self.chunks[i].describe()
+                    )
                 except ChunkMissing:
                     pass
-        raise StoreCorruptError(f"token chunk {key} of {self.chunks[i].describe()} cannot be "
-                                "rebuilt in the cache")  # fmt: skip
+        raise StoreCorruptError(
+            f"token chunk {key} of {self.chunks[i].describe()} cannot be rebuilt in the cache"
+        )
 
     def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
         """Runs in a worker thread: the chunk's index entry, tokenizing the chunk if it was never
@@ -353,8 +374,9 @@ class DatasetIndex:
             self.supervisor.ensure(self.spec.name, self.position, i)  # the owner builds it
             found = self.store.get_index(key)
             if found is None:
-                raise StoreCorruptError(f"token chunk {key} is missing after the supervisor "
-                                        "built it")  # fmt: skip
+                raise StoreCorruptError(
+                    f"token chunk {key} is missing after the supervisor built it"
+                )
         if found is not None and (not body or self.store.has_body(key)):
             # Possibly stored by a job with the skip policy: the manifest kept the locations.
             self._check_policy(found.bad_examples)
@@ -404,8 +426,9 @@ class DatasetIndex:
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
         if (lengths == 0).any():
             empty = np.nonzero(lengths == 0)[0]
-            bad += [BadRecord("no_tokens", f"{chunk.describe()} record {record_ids[d]}")
-                    for d in empty]  # fmt: skip
+            bad += [
+                BadRecord("no_tokens", f"{chunk.describe()} record {record_ids[d]}") for d in empty
+            ]
             self._check_policy([str(b) for b in bad])
             record_ids = record_ids[lengths > 0]
             lengths = lengths[lengths > 0]
@@ -414,8 +437,17 @@ class DatasetIndex:
             log.warning("job %s: skipped bad record %s", self.name, b, extra=fields)
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
-        encoded = encode_chunk(key, tokens, lengths, docs.records, counts, examples,
-                               chunk.describe(), record_ids, docs.data_start)  # fmt: skip
+        encoded = encode_chunk(
+            key,
+            tokens,
+            lengths,
+            docs.records,
+            counts,
+            examples,
+            chunk.describe(),
+            record_ids,
+            docs.data_start,
+        )
         entry = self.store.put_encoded(encoded, body=self.keep_bodies)
         if self.shared is not None:
             self.shared.publish(encoded)
@@ -479,9 +511,14 @@ class DatasetIndex:
         self.state, self.error = READY, ""
         for listener in self.listeners:
             listener()
-        log.info("job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
-                 self.name, len(self.chunks), int(self.num_docs.sum()),
-                 int(self.num_tokens.sum()), self.rows_per_epoch)  # fmt: skip
+        log.info(
+            "job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
+            self.name,
+            len(self.chunks),
+            int(self.num_docs.sum()),
+            int(self.num_tokens.sum()),
+            self.rows_per_epoch,
+        )
 
     def _tell(self) -> None:
         for listener in self.listeners:

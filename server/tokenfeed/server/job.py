@@ -70,14 +70,21 @@ class Plan(NamedTuple):
 
 
 class Job:
-    def __init__(self, spec: JobSpec, store: TokenStore, storage: Storage | None = None,
-                 shared: SharedStore | None = None, supervisor: SupervisorLink | None = None,
-                 stream_cache_bytes: int = 512 * 2**20):  # fmt: skip
+    def __init__(
+        self,
+        spec: JobSpec,
+        store: TokenStore,
+        storage: Storage | None = None,
+        shared: SharedStore | None = None,
+        supervisor: SupervisorLink | None = None,
+        stream_cache_bytes: int = 512 * 2**20,
+    ):
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage = storage = storage or Storage()
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
-        self.indexes = [DatasetIndex(spec, d, store, None, storage, shared, supervisor)
-                        for d in spec.datasets]  # fmt: skip
+        self.indexes = [
+            DatasetIndex(spec, d, store, None, storage, shared, supervisor) for d in spec.datasets
+        ]
         # The tokenizer may live in object storage: a fetch that fails is this job's problem
         # only (retried by build_index like any storage failure), a file that is not a
         # tokenizer fails the job; the server and its other jobs serve on.
@@ -147,12 +154,21 @@ class Job:
         planned (before they are tokenized), empty until then."""
         if not self._fingerprint and all(i.fingerprint for i in self.indexes):
             s, t = self.spec, self.tokenizer
-            parts = [f"format={CHUNK_FORMAT_VERSION}", f"packing_version={packing.PACKING_VERSION}",
-                     f"seq_len={s.seq_len}", f"seed={s.seed}",
-                     f"packing={s.packing}", f"window={s.window_chunks}", f"eos={t.eos_id}",
-                     f"bos={t.bos_id}", f"add_bos={t.add_bos}"]  # fmt: skip
-            parts += [f"phase={p.start_step}|{p.global_batch_size}|"
-                      + ",".join(map(str, p.weights)) for p in s.phases]  # fmt: skip
+            parts = [
+                f"format={CHUNK_FORMAT_VERSION}",
+                f"packing_version={packing.PACKING_VERSION}",
+                f"seq_len={s.seq_len}",
+                f"seed={s.seed}",
+                f"packing={s.packing}",
+                f"window={s.window_chunks}",
+                f"eos={t.eos_id}",
+                f"bos={t.bos_id}",
+                f"add_bos={t.add_bos}",
+            ]
+            parts += [
+                f"phase={p.start_step}|{p.global_batch_size}|" + ",".join(map(str, p.weights))
+                for p in s.phases
+            ]
             parts += [f"dataset={i.fingerprint}" for i in self.indexes]
             digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16)
             self._fingerprint = digest.hexdigest()
@@ -254,12 +270,15 @@ class Job:
                 remaining = deadline - loop.time()
                 if not self._ready.is_set() and any(i.error for i in self.indexes):
                     # The build failed here and waits to retry: another server can serve sooner.
-                    raise NotReadyError(f"job {self.name} cannot be indexed on this server "
-                                        f"right now ({self.error}); retry on another server",
-                                        retry_after=1.0) from None  # fmt: skip
+                    raise NotReadyError(
+                        f"job {self.name} cannot be indexed on this server "
+                        f"right now ({self.error}); retry on another server",
+                        retry_after=1.0,
+                    ) from None
                 if remaining <= 0:
-                    raise NotReadyError(f"{e}; retry in about {e.retry_after:.0f}s",
-                                        retry_after=e.retry_after) from None  # fmt: skip
+                    raise NotReadyError(
+                        f"{e}; retry in about {e.retry_after:.0f}s", retry_after=e.retry_after
+                    ) from None
                 event = self._built_more
                 try:
                     await asyncio.wait_for(event.wait(), remaining)
@@ -301,8 +320,9 @@ class Job:
         if self.state == FAILED:
             raise JobFailedError(self.error)
         if self.tokenizer is None:
-            raise NotReadyError(f"job {self.name} cannot serve yet: {self._tokenizer_error}",
-                                retry_after=5.0)  # fmt: skip
+            raise NotReadyError(
+                f"job {self.name} cannot serve yet: {self._tokenizer_error}", retry_after=5.0
+            )
         per_rank = self.schedule.batch_size(step) // world_size
         datasets, dataset_rows = self.schedule.rows(step, rank * per_rank, per_rank)
         parts = []
@@ -320,11 +340,16 @@ class Job:
             for epoch in dict.fromkeys(epochs.tolist()):
                 sel = epochs == epoch
                 natural[sel] = order.natural_rows(
-                    self.layout(d, epoch), rows[sel],
+                    self.layout(d, epoch),
+                    rows[sel],
                     lambda w, d=d, e=epoch: self._window_perm(d, e, w),
-                )  # fmt: skip
-            pieces = order.locate_units(natural * idx.per_row, idx.span, idx.units_per_epoch,
-                                        lambda e, d=d: self.layout(d, e))  # fmt: skip
+                )
+            pieces = order.locate_units(
+                natural * idx.per_row,
+                idx.span,
+                idx.units_per_epoch,
+                lambda e, d=d: self.layout(d, e),
+            )
             parts.append(PlanPart(d, mine, epochs, pieces))
         return Plan(per_rank, parts)
 
@@ -343,10 +368,12 @@ class Job:
         elapsed = max(time.monotonic() - idx.started, 1e-3)
         rate = idx.rows_built / elapsed  # rows per second built so far
         eta = (need - idx.rows_built) / rate if rate > 0 else 5.0
-        return (f"step {step} of job {self.name} needs {need} rows of dataset "
-                f"{idx.dataset.name}; {idx.rows_built} rows are built so far ({built}/"
-                f"{len(idx.chunks)} chunks tokenized in sample order)",
-                min(max(eta, 1.0), 600.0))  # fmt: skip
+        return (
+            f"step {step} of job {self.name} needs {need} rows of dataset "
+            f"{idx.dataset.name}; {idx.rows_built} rows are built so far ({built}/"
+            f"{len(idx.chunks)} chunks tokenized in sample order)",
+            min(max(eta, 1.0), 600.0),
+        )
 
     # ---------------------------------------------------------------- the future
 
@@ -389,8 +416,12 @@ class Job:
         missing = [(d, c) for d, c in needed if not self.store.has_body(self.indexes[d].keys[c])]
         if missing:
             loop = asyncio.get_running_loop()
-            await asyncio.gather(*(loop.run_in_executor(executor, self.indexes[d].ensure_chunk,
-                                                        c, True) for d, c in missing))  # fmt: skip
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(executor, self.indexes[d].ensure_chunk, c, True)
+                    for d, c in missing
+                )
+            )
 
     def fail(self, error: str) -> None:
         """The data refuses the job after it became ready (an object changed under it)."""
@@ -415,14 +446,16 @@ class Job:
             missing = [key for key in needed if not self._materialised.contains(key)]
             make = self._stream_ids
         else:
-            missing = list({(d, c) for d, _, c in needed
-                            if not self._materialised.contains((d, -1, c))})  # fmt: skip
+            missing = list(
+                {(d, c) for d, _, c in needed if not self._materialised.contains((d, -1, c))}
+            )
             make = self._bestfit_tokens
         if missing:
             loop = asyncio.get_running_loop()
             try:
-                await asyncio.gather(*(loop.run_in_executor(executor, make, *key)
-                                       for key in missing))  # fmt: skip
+                await asyncio.gather(
+                    *(loop.run_in_executor(executor, make, *key) for key in missing)
+                )
             except (SourceError, BadRecordError) as e:
                 self.fail(str(e))
                 raise JobFailedError(str(e)) from e
@@ -443,12 +476,17 @@ class Job:
             if hit.size:
                 first_epoch = int(part.epochs[hit[0]])
         if self.spec.packing == "best_fit":
-            return first_epoch, wire.compact_from_tensors(self._assemble_bestfit(plan),
-                                                          self.wire_dtype)  # fmt: skip
+            return first_epoch, wire.compact_from_tensors(
+                self._assemble_bestfit(plan), self.wire_dtype
+            )
         ids, starts = packing.assemble_concat(
-            plan.rows, seq_len, [(p.dataset, p.slots, p.pieces) for p in plan.parts],
-            self.stream, self._stream_ids, self.wire_dtype,
-        )  # fmt: skip
+            plan.rows,
+            seq_len,
+            [(p.dataset, p.slots, p.pieces) for p in plan.parts],
+            self.stream,
+            self._stream_ids,
+            self.wire_dtype,
+        )
         return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
     def assemble_many(self, plans: list[Plan]) -> list[tuple[int, wire.Compact]]:
@@ -458,8 +496,7 @@ class Job:
             return [self.assemble(plans[0])]
         parts, offset = [], 0
         for plan in plans:
-            parts += [PlanPart(p.dataset, p.slots + offset, p.epochs, p.pieces)
-                      for p in plan.parts]  # fmt: skip
+            parts += [PlanPart(p.dataset, p.slots + offset, p.epochs, p.pieces) for p in plan.parts]
             offset += plan.rows
         _, whole = self.assemble(Plan(offset, parts))
         out, first = [], 0
@@ -479,16 +516,25 @@ class Job:
 
     def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
         s, t = self.spec, self.tokenizer
-        out = {name: np.empty((plan.rows, s.seq_len), dtype=np.int32)
-               for name in packing.TENSOR_NAMES}  # fmt: skip
+        out = {
+            name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES
+        }
         for part in plan.parts:
             pc = part.pieces  # one piece per row: `lo` is the row within its chunk
             for c in dict.fromkeys(pc.chunk.tolist()):
                 sel = pc.chunk == c
                 chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c)
                 tokens = self._bestfit_tokens(part.dataset, c)
-                rows = bestfit.bestfit_rows_at(layout, chunk.doc_offsets, tokens, pc.lo[sel],
-                                               s.seq_len, t.bos_id, t.eos_id, t.eos_id)  # fmt: skip
+                rows = bestfit.bestfit_rows_at(
+                    layout,
+                    chunk.doc_offsets,
+                    tokens,
+                    pc.lo[sel],
+                    s.seq_len,
+                    t.bos_id,
+                    t.eos_id,
+                    t.eos_id,
+                )
                 for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
                     out[name][part.slots[pc.row[sel]]] = arr
         return out
@@ -508,9 +554,15 @@ class Job:
         version = -1 if idx.state == READY else idx.rows_built
 
         def make() -> order.EpochLayout:
-            return order.epoch_layout(idx.units_per_chunk, s.seed, idx.dataset.name, epoch,
-                                      s.window_chunks, idx.per_row,
-                                      idx.units_per_epoch or None)  # fmt: skip
+            return order.epoch_layout(
+                idx.units_per_chunk,
+                s.seed,
+                idx.dataset.name,
+                epoch,
+                s.window_chunks,
+                idx.per_row,
+                idx.units_per_epoch or None,
+            )
 
         return self._layouts.get_or_make((d, epoch, version), make)
 
@@ -530,8 +582,7 @@ class Job:
     def forget_gone(self) -> int:
         """In a serving worker: drop the mappings of bodies the supervisor has evicted since
         (so their disk space is freed); the number dropped."""
-        gone = [(d, c) for d, c in self._open.keys()
-                if self.store.gone(self.indexes[d].keys[c])]  # fmt: skip
+        gone = [(d, c) for d, c in self._open.keys() if self.store.gone(self.indexes[d].keys[c])]
         for key in gone:
             self._open.discard(key)
         return len(gone)
@@ -558,8 +609,9 @@ class Job:
         def make() -> packing.ChunkStream:
             chunk, s, name = self.chunk(d, c), self.spec, self.indexes[d].dataset.name
             doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
-            return packing.concat_stream(chunk.doc_offsets, chunk.doc_lengths, doc_order,
-                                         self.tokenizer.add_bos)  # fmt: skip
+            return packing.concat_stream(
+                chunk.doc_offsets, chunk.doc_lengths, doc_order, self.tokenizer.add_bos
+            )
 
         return self._streams.get_or_make((d, epoch, c), make)
 
@@ -568,8 +620,13 @@ class Job:
 
         def make() -> np.ndarray:
             t = self.tokenizer
-            return packing.materialise(self.stream(d, epoch, c), self._verified(d, c).tokens,
-                                       t.bos_id, t.eos_id, self.wire_dtype)  # fmt: skip
+            return packing.materialise(
+                self.stream(d, epoch, c),
+                self._verified(d, c).tokens,
+                t.bos_id,
+                t.eos_id,
+                self.wire_dtype,
+            )
 
         return self._materialised.get_or_make((d, epoch, c), make)
 

@@ -45,7 +45,8 @@ class LRU:
             if key not in self._items:
                 self._items[key] = value
                 self._bytes += self._size(value)
-            while len(self._items) > 1 and (len(self._items) > self.capacity or
-                                            self.budget and self._bytes > self.budget):  # fmt: skip
+            while len(self._items) > 1 and (
+                len(self._items) > self.capacity or self.budget and self._bytes > self.budget
+            ):
                 self._bytes -= self._size(self._items.popitem(last=False)[1])
         return value

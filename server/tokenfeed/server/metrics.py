@@ -29,18 +29,24 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 # ---------------------------------------------------------------- service
 REQUESTS = Counter(
-    "tokenfeed_requests_total", "RPCs finished, by method and gRPC status code.",
-    ["method", "code"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_requests_total",
+    "RPCs finished, by method and gRPC status code.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
 REQUEST_SECONDS = Histogram(
     "tokenfeed_request_duration_seconds",
     "Time to answer a unary RPC, or to produce one message of a stream.",
-    ["method"], buckets=_LATENCY, registry=REGISTRY,
-)  # fmt: skip
+    ["method"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
 SERVED_TOKENS = Counter(
-    "tokenfeed_served_tokens_total", "Token positions sent to trainers (rows x seq_len).",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_served_tokens_total",
+    "Token positions sent to trainers (rows x seq_len).",
+    ["job"],
+    registry=REGISTRY,
+)
 SERVED_BYTES = Counter(
     "tokenfeed_served_bytes_total",
     "Compact batch bytes sent to trainers (token array and document boundaries).",
@@ -51,93 +57,123 @@ SERVING = Gauge(
     "tokenfeed_serving",
     "1 while health is SERVING (every job's index built), 0 before that and while draining.",
     registry=REGISTRY,
-)  # fmt: skip
+)
 
 # ---------------------------------------------------------------- jobs
 JOB_READY = Gauge(
-    "tokenfeed_job_ready", "1 when the job serves batches, 0 while indexing or failed.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_job_ready",
+    "1 when the job serves batches, 0 while indexing or failed.",
+    ["job"],
+    registry=REGISTRY,
+)
 JOB_FAILED = Gauge(
-    "tokenfeed_job_failed", "1 when the job's data refuses it (see the status page).",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
-JOB_CHUNKS = Gauge("tokenfeed_job_chunks", "Chunks in the job's corpus.", ["job"],
-                   registry=REGISTRY)  # fmt: skip
+    "tokenfeed_job_failed",
+    "1 when the job's data refuses it (see the status page).",
+    ["job"],
+    registry=REGISTRY,
+)
+JOB_CHUNKS = Gauge(
+    "tokenfeed_job_chunks", "Chunks in the job's corpus.", ["job"], registry=REGISTRY
+)
 JOB_CHUNKS_BUILT = Gauge(
-    "tokenfeed_job_chunks_built", "Chunks of the job that are tokenized and indexed.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_job_chunks_built",
+    "Chunks of the job that are tokenized and indexed.",
+    ["job"],
+    registry=REGISTRY,
+)
 JOB_FURTHEST_STEP = Gauge(
-    "tokenfeed_job_furthest_step", "Highest step any rank requested of the job.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_job_furthest_step",
+    "Highest step any rank requested of the job.",
+    ["job"],
+    registry=REGISTRY,
+)
 PREFETCH_LEAD_STEPS = Gauge(
     "tokenfeed_job_prefetch_lead_steps",
     "Steps past the furthest requested step whose chunks are in the cache.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    ["job"],
+    registry=REGISTRY,
+)
 PREFETCH_LEAD_SECONDS = Gauge(
     "tokenfeed_job_prefetch_lead_seconds",
     "Prefetch lead in steps divided by the job's recent step rate.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
-BAD_RECORDS = Counter(
-    "tokenfeed_bad_records_total", "Source records skipped, by reason.", ["job", "reason"],
+    ["job"],
     registry=REGISTRY,
-)  # fmt: skip
+)
+BAD_RECORDS = Counter(
+    "tokenfeed_bad_records_total",
+    "Source records skipped, by reason.",
+    ["job", "reason"],
+    registry=REGISTRY,
+)
 
 # ---------------------------------------------------------------- tokenization
 TOKENIZED_DOCUMENTS = Counter(
     "tokenfeed_tokenized_documents_total", "Documents tokenized.", ["job"], registry=REGISTRY
 )
 TOKENIZED_TOKENS = Counter(
-    "tokenfeed_tokenized_tokens_total", "Tokens produced by the tokenizer.", ["job"],
+    "tokenfeed_tokenized_tokens_total",
+    "Tokens produced by the tokenizer.",
+    ["job"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 TOKENIZED_BYTES = Counter(
-    "tokenfeed_tokenized_source_bytes_total", "Source bytes read to tokenize.", ["job"],
+    "tokenfeed_tokenized_source_bytes_total",
+    "Source bytes read to tokenize.",
+    ["job"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 TOKENIZE_SECONDS = Counter(
-    "tokenfeed_tokenize_seconds_total", "Thread-seconds spent reading and tokenizing chunks.",
-    ["job"], registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_tokenize_seconds_total",
+    "Thread-seconds spent reading and tokenizing chunks.",
+    ["job"],
+    registry=REGISTRY,
+)
 
 # ---------------------------------------------------------------- disk cache
 CACHE_BUDGET_BYTES = Gauge(
     "tokenfeed_cache_budget_bytes", "The disk cache's byte budget.", registry=REGISTRY
 )
 CACHE_BYTES = Gauge(
-    "tokenfeed_cache_bytes", "Bytes held by the disk cache, by kind of entry.", ["kind"],
+    "tokenfeed_cache_bytes",
+    "Bytes held by the disk cache, by kind of entry.",
+    ["kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 CACHE_ENTRIES = Gauge(
     "tokenfeed_cache_entries", "Entries in the disk cache, by kind.", ["kind"], registry=REGISTRY
 )
 CACHE_PINNED_BYTES = Gauge(
-    "tokenfeed_cache_pinned_bytes", "Bytes of entries being read (never evicted).",
+    "tokenfeed_cache_pinned_bytes",
+    "Bytes of entries being read (never evicted).",
     registry=REGISTRY,
-)  # fmt: skip
+)
 CACHE_HITS = Counter(
     "tokenfeed_cache_hits_total", "Cache lookups found on disk.", ["kind"], registry=REGISTRY
 )
 CACHE_MISSES = Counter(
-    "tokenfeed_cache_misses_total", "Cache lookups that had to fetch or build.", ["kind"],
+    "tokenfeed_cache_misses_total",
+    "Cache lookups that had to fetch or build.",
+    ["kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 CACHE_EVICTIONS = Counter(
-    "tokenfeed_cache_evictions_total", "Entries evicted to stay under the budget.", ["kind"],
+    "tokenfeed_cache_evictions_total",
+    "Entries evicted to stay under the budget.",
+    ["kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 CACHE_EVICTED_BYTES = Counter(
-    "tokenfeed_cache_evicted_bytes_total", "Bytes evicted to stay under the budget.", ["kind"],
+    "tokenfeed_cache_evicted_bytes_total",
+    "Bytes evicted to stay under the budget.",
+    ["kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 CACHE_DROPPED = Counter(
-    "tokenfeed_cache_dropped_total", "Partial or corrupt entries removed.", ["kind"],
+    "tokenfeed_cache_dropped_total",
+    "Partial or corrupt entries removed.",
+    ["kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 
 # ---------------------------------------------------------------- object store
 STORE_CHUNKS = Counter(
@@ -145,31 +181,40 @@ STORE_CHUNKS = Counter(
     "Token chunks exchanged with the shared store, by outcome: published (tokenized here), "
     "indexed (manifest read instead of tokenizing), fetched (body downloaded), taken_over "
     "(another node's chunk tokenized here).",
-    ["outcome"], registry=REGISTRY,
-)  # fmt: skip
+    ["outcome"],
+    registry=REGISTRY,
+)
 OBJECT_REQUESTS = Counter(
     "tokenfeed_object_store_requests_total",
     "Object-store requests, by operation (get, head, list) and outcome (ok, retried, error).",
-    ["op", "outcome"], registry=REGISTRY,
-)  # fmt: skip
-OBJECT_BYTES = Counter(
-    "tokenfeed_object_store_bytes_total", "Bytes received from object storage.",
+    ["op", "outcome"],
     registry=REGISTRY,
-)  # fmt: skip
+)
+OBJECT_BYTES = Counter(
+    "tokenfeed_object_store_bytes_total",
+    "Bytes received from object storage.",
+    registry=REGISTRY,
+)
 OBJECT_RETRIES = Counter(
     "tokenfeed_object_store_retries_total",
     "Object-store requests retried, by reason (throttled, server_error, timeout, reset, "
     "short_body).",
-    ["reason"], registry=REGISTRY,
-)  # fmt: skip
+    ["reason"],
+    registry=REGISTRY,
+)
 OBJECT_ERRORS = Counter(
     "tokenfeed_object_store_errors_total",
-    "Object-store requests that failed for good, by reason.", ["reason"], registry=REGISTRY,
-)  # fmt: skip
+    "Object-store requests that failed for good, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
 OBJECT_SECONDS = Histogram(
-    "tokenfeed_object_store_request_duration_seconds", "Object-store request latency.",
-    ["op"], buckets=_LATENCY, registry=REGISTRY,
-)  # fmt: skip
+    "tokenfeed_object_store_request_duration_seconds",
+    "Object-store request latency.",
+    ["op"],
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
 
 
 def exported_names() -> set[str]:

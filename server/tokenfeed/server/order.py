@@ -134,9 +134,14 @@ def epoch_of_row(row: np.ndarray | int, units_per_epoch: int, per_row: int):
 
 
 def epoch_layout(
-    units_per_chunk: np.ndarray, seed: int, dataset: str, epoch: int, window_chunks: int,
-    per_row: int, units_per_epoch: int | None = None,
-) -> EpochLayout:  # fmt: skip
+    units_per_chunk: np.ndarray,
+    seed: int,
+    dataset: str,
+    epoch: int,
+    window_chunks: int,
+    per_row: int,
+    units_per_epoch: int | None = None,
+) -> EpochLayout:
     """The layout of `epoch`. `units_per_epoch` is the full epoch's size U (it places the
     epoch in the stream); while a dataset builds, units of chunks not built yet count 0 and
     U is unknown, which only epoch 0 allows (it starts at unit 0)."""
@@ -225,8 +230,9 @@ def locate_units(
             lo = offset - lay.units_cum[p]
             stop = np.minimum(end[sel] - base, lay.units_cum[p + 1])
             hi = stop - lay.units_cum[p]
-            out.append((sel, np.full(len(sel), e), lay.chunk_order[p], lo, hi,
-                        cur[sel] - starts[sel]))  # fmt: skip
+            out.append(
+                (sel, np.full(len(sel), e), lay.chunk_order[p], lo, hi, cur[sel] - starts[sel])
+            )
             cur[sel] = base + stop
         todo = todo[cur[todo] < end[todo]]
     if not out:

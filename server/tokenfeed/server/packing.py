@@ -64,9 +64,15 @@ def concat_stream(
 
 
 def fill_concat(
-    stream: ChunkStream, tokens: np.ndarray, lo: np.ndarray, hi: np.ndarray, at: np.ndarray,
-    bos_id: int, eos_id: int, ids: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+    stream: ChunkStream,
+    tokens: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    at: np.ndarray,
+    bos_id: int,
+    eos_id: int,
+    ids: np.ndarray,
+) -> np.ndarray:
     """Write stream positions [lo[i], hi[i]) of one chunk into the flat array `ids` from flat
     index at[i]; return the flat indices where a document's segment begins.
 
@@ -84,8 +90,9 @@ def fill_concat(
     first = np.searchsorted(seg_starts, lo, side="right") - 1
     count = np.searchsorted(seg_starts, hi - 1, side="right") - first  # segments per piece
     pair_piece = np.repeat(np.arange(len(lo)), count)
-    seg = first[pair_piece] + (np.arange(len(pair_piece)) - np.repeat(np.cumsum(count) - count,
-                                                                      count))  # fmt: skip
+    seg = first[pair_piece] + (
+        np.arange(len(pair_piece)) - np.repeat(np.cumsum(count) - count, count)
+    )
     seg_lo, seg_hi = seg_starts[seg], seg_starts[seg + 1]
     a = np.maximum(lo[pair_piece], seg_lo)  # the pair's stream range [a, b)
     b = np.minimum(hi[pair_piece], seg_hi)
@@ -135,8 +142,13 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
     }
 
 
-def materialise(stream: ChunkStream, tokens: np.ndarray, bos_id: int, eos_id: int,
-                dtype: np.dtype | type = np.int32) -> np.ndarray:  # fmt: skip
+def materialise(
+    stream: ChunkStream,
+    tokens: np.ndarray,
+    bos_id: int,
+    eos_id: int,
+    dtype: np.dtype | type = np.int32,
+) -> np.ndarray:
     """A chunk's whole concat stream as one array (its documents in the stream's order, with
     BOS and EOS): a row's tokens are then plain slices of it."""
     out = np.empty(stream.total, dtype=dtype)
@@ -145,8 +157,14 @@ def materialise(stream: ChunkStream, tokens: np.ndarray, bos_id: int, eos_id: in
     return out
 
 
-def copy_pieces(stream: ChunkStream, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                at: np.ndarray, out: np.ndarray) -> np.ndarray:  # fmt: skip
+def copy_pieces(
+    stream: ChunkStream,
+    ids: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    at: np.ndarray,
+    out: np.ndarray,
+) -> np.ndarray:
     """Copy stream positions [lo[i], hi[i]) of a materialised stream `ids` to the flat `out`
     from at[i]; return the flat indices where a document's segment begins."""
     for a, b, d in zip(lo.tolist(), hi.tolist(), at.tolist(), strict=True):
@@ -159,10 +177,13 @@ def copy_pieces(stream: ChunkStream, ids: np.ndarray, lo: np.ndarray, hi: np.nda
 
 
 def assemble_concat(
-    rows: int, seq_len: int, parts: list[tuple[Any, np.ndarray, Any]],
+    rows: int,
+    seq_len: int,
+    parts: list[tuple[Any, np.ndarray, Any]],
     stream: Callable[[Any, int, int], ChunkStream],
-    stream_ids: Callable[[Any, int, int], np.ndarray], dtype: np.dtype | type = np.int32,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    stream_ids: Callable[[Any, int, int], np.ndarray],
+    dtype: np.dtype | type = np.int32,
+) -> tuple[np.ndarray, np.ndarray]:
     """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
     and the sorted flat indices of document starts of `rows` rows made of pieces of chunk
     streams. `parts` holds (dataset, slots, pieces) triples: order.Pieces whose `row` indexes
@@ -180,8 +201,16 @@ def assemble_concat(
         bounds = np.flatnonzero(np.diff(groups[order])) + 1
         for sel in np.split(order, bounds):  # one call per (epoch, chunk)
             e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
-            found.append(copy_pieces(stream(dataset, e, c), stream_ids(dataset, e, c),
-                                     pc.lo[sel], pc.hi[sel], at[sel], flat))  # fmt: skip
+            found.append(
+                copy_pieces(
+                    stream(dataset, e, c),
+                    stream_ids(dataset, e, c),
+                    pc.lo[sel],
+                    pc.hi[sel],
+                    at[sel],
+                    flat,
+                )
+            )
     starts = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     return ids, starts
 
@@ -208,15 +237,20 @@ def concat_pieces(
 
 
 def concat_rows_at(
-    stream: ChunkStream, tokens: np.ndarray, rows: np.ndarray, seq_len: int, bos_id: int,
+    stream: ChunkStream,
+    tokens: np.ndarray,
+    rows: np.ndarray,
+    seq_len: int,
+    bos_id: int,
     eos_id: int,
-) -> dict[str, np.ndarray]:  # fmt: skip
+) -> dict[str, np.ndarray]:
     """Rows `rows` of one stream on its own (each row's L + 1 tokens inside it): the tensors
     of the rows of a dataset whose stream is this one chunk. Vectorised over the rows."""
     starts = np.asarray(rows, dtype=np.int64) * seq_len
     k = len(starts)
     ids = np.empty((k, seq_len + 1), dtype=np.int32)
     at = np.arange(k, dtype=np.int64) * (seq_len + 1)
-    found = fill_concat(stream, tokens, starts, starts + seq_len + 1, at, bos_id, eos_id,
-                        ids.reshape(-1))  # fmt: skip
+    found = fill_concat(
+        stream, tokens, starts, starts + seq_len + 1, at, bos_id, eos_id, ids.reshape(-1)
+    )
     return concat_tensors(ids, starts_mask(found, ids.shape), seq_len)

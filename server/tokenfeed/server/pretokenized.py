@@ -134,23 +134,29 @@ def _read_parquet_tokens(store: ObjectStore, chunk: Chunk) -> _Records:
         raise SourceError(f"{chunk.describe()}: cannot read row group: {e}") from e
     column = table.column(0).combine_chunks()
     if not is_token_list(column.type):
-        raise SourceError(f"{chunk.describe()}: column {chunk.text_field!r} is {column.type}, "
-                          "expected a list of integer token ids")  # fmt: skip
+        raise SourceError(
+            f"{chunk.describe()}: column {chunk.text_field!r} is {column.type}, "
+            "expected a list of integer token ids"
+        )
     where = f"{chunk.source.uri} row"
     lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
     values = column.flatten()  # null lists contribute nothing; slicing offsets are applied
     refused = {
-        int(r): BadRecord("missing_field", f"{where} {chunk.start + r}",
-                          f"{chunk.text_field!r} is null")
+        int(r): BadRecord(
+            "missing_field", f"{where} {chunk.start + r}", f"{chunk.text_field!r} is null"
+        )
         for r in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
-    }  # fmt: skip
+    }
     if values.null_count:
         ends = np.cumsum(lengths)
         nulls = np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))
         for p in nulls[::-1]:  # reversed: the first null of each record is the one kept
             r = int(np.searchsorted(ends, p, side="right"))
-            refused[r] = BadRecord("null_token", f"{where} {chunk.start + r}",
-                                   f"null at position {p - (ends[r] - lengths[r])}")  # fmt: skip
+            refused[r] = BadRecord(
+                "null_token",
+                f"{where} {chunk.start + r}",
+                f"null at position {p - (ends[r] - lengths[r])}",
+            )
         values = values.fill_null(0)
     ids = values.to_numpy(zero_copy_only=False)
     return _Records(ids, lengths, chunk.start, where, refused)
@@ -168,10 +174,15 @@ def _checked(rec: _Records, tokenizer: TextTokenizer) -> PretokenizedChunk:
         records = np.searchsorted(ends, positions, side="right")
         firsts = np.unique(records, return_index=True)[1]  # each record's first bad id
         for r, p in zip(records[firsts].tolist(), positions[firsts].tolist(), strict=True):
-            bad.setdefault(r, BadRecord(
-                "token_out_of_range", f"{rec.where} {rec.first + r}",
-                f"id {ids[p]} at position {p - starts[r]} is outside the vocabulary of "
-                f"{vocab} ids"))  # fmt: skip
+            bad.setdefault(
+                r,
+                BadRecord(
+                    "token_out_of_range",
+                    f"{rec.where} {rec.first + r}",
+                    f"id {ids[p]} at position {p - starts[r]} is outside the vocabulary of "
+                    f"{vocab} ids",
+                ),
+            )
     # The packer adds EOS after every document: one already there is not doubled.
     nonempty = lengths > 0
     trailing = np.zeros(len(lengths), dtype=bool)

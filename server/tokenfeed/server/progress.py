@@ -56,8 +56,11 @@ class Progress:
     def _advance(self, step: int, now: float) -> None:
         if self._last is not None and now > self._last[1] and step > self._last[0]:
             rate = (step - self._last[0]) / (now - self._last[1])
-            self.step_rate = rate if not self.step_rate else (
-                _RATE_WEIGHT * rate + (1 - _RATE_WEIGHT) * self.step_rate)  # fmt: skip
+            self.step_rate = (
+                rate
+                if not self.step_rate
+                else (_RATE_WEIGHT * rate + (1 - _RATE_WEIGHT) * self.step_rate)
+            )
         self._last = (step, now)
         self.furthest, self._at_furthest = step, 1
         self._changed.set()

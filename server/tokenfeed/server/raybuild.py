@@ -80,8 +80,14 @@ class Summary:
         self.bad_examples += done.entry.bad_examples[: BAD_SHOWN - len(self.bad_examples)]
 
 
-def build_on_ray(config: Config, names: list[str], address: str, cpus: int = 0,
-                 out: TextIO = sys.stderr, interval: float = 1.0) -> list[Summary]:  # fmt: skip
+def build_on_ray(
+    config: Config,
+    names: list[str],
+    address: str,
+    cpus: int = 0,
+    out: TextIO = sys.stderr,
+    interval: float = 1.0,
+) -> list[Summary]:
     """Build the named jobs' chunks into the shared store on the Ray cluster at `address`
     (a local Ray when empty, with `cpus` CPUs if given)."""
     if not config.store.uri:
@@ -105,18 +111,21 @@ def _build_job(config: Config, name: str, out: TextIO, interval: float) -> Summa
     job = build.planned_job(config, name)
     shared = job.indexes[0].shared
     assert shared is not None  # a shared store was checked for above
-    keys = [(d, int(i), idx.keys[int(i)]) for d, idx in enumerate(job.indexes)
-            for i in idx.order0]  # fmt: skip
+    keys = [(d, int(i), idx.keys[int(i)]) for d, idx in enumerate(job.indexes) for i in idx.order0]
     have = published(shared, [k for _, _, k in keys])
     todo = [(d, i, job.indexes[d].chunks[i]) for d, i, key in keys if key not in have]
     summary = Summary(chunks=len(keys), before=len(keys) - len(todo), fingerprint=job.fingerprint)
     cpus = max(int(ray.cluster_resources().get("CPU", 1)), 1)
     batches = batch(todo, cpus)
     todo_bytes = sum(c.raw_bytes for _, _, c in todo)
-    print(f"job {name}: {len(keys)} chunks in {len(job.indexes)} dataset(s); "
-          f"{summary.before} already published to {config.store.uri}; building the other "
-          f"{len(todo)} ({todo_bytes / 1e6:.1f} MB of sources) as {len(batches)} Ray task(s) "
-          f"on {cpus} CPU(s)", file=out, flush=True)  # fmt: skip
+    print(
+        f"job {name}: {len(keys)} chunks in {len(job.indexes)} dataset(s); "
+        f"{summary.before} already published to {config.store.uri}; building the other "
+        f"{len(todo)} ({todo_bytes / 1e6:.1f} MB of sources) as {len(batches)} Ray task(s) "
+        f"on {cpus} CPU(s)",
+        file=out,
+        flush=True,
+    )
     progress = build.Progress(out, len(todo), todo_bytes, interval)
     config_ref = ray.put(config)
     pending = {build_chunks.remote(config_ref, name, b): b for b in batches}
@@ -175,8 +184,11 @@ def _result(ref: ray.ObjectRef) -> list[build.Done]:
         if isinstance(e.cause, TokenfeedError):
             raise e.cause from None
         raise
-    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-            ray.exceptions.ObjectLostError) as e:  # fmt: skip
+    except (
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.ObjectLostError,
+    ) as e:
         raise LocalError(
             f"a Ray task died {TASK_RETRIES + 1} times building its chunks ({e}); every chunk "
             "published so far is kept: run the same command again to build the rest"
@@ -186,16 +198,22 @@ def _result(ref: ray.ObjectRef) -> list[build.Done]:
 def report(name: str, s: Summary, out: TextIO) -> None:
     bad = sum(s.bad.values())
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(s.bad.items()))
-    print(f"job {name}: built on Ray; {s.chunks} chunks: tokenized {s.tokenized}, "
-          f"{s.before} were already published, {s.found} were found published when their "
-          f"task ran; {s.docs:,} documents, {s.tokens:,} tokens, {bad} bad record(s)"
-          f"{f' ({reasons})' if bad else ''}; {s.raw_bytes / 1e6:.1f} MB in "
-          f"{s.seconds:.1f}s; fingerprint {s.fingerprint}", file=out)  # fmt: skip
+    print(
+        f"job {name}: built on Ray; {s.chunks} chunks: tokenized {s.tokenized}, "
+        f"{s.before} were already published, {s.found} were found published when their "
+        f"task ran; {s.docs:,} documents, {s.tokens:,} tokens, {bad} bad record(s)"
+        f"{f' ({reasons})' if bad else ''}; {s.raw_bytes / 1e6:.1f} MB in "
+        f"{s.seconds:.1f}s; fingerprint {s.fingerprint}",
+        file=out,
+    )
     for example in s.bad_examples:
         print(f"  bad record: {example}", file=out)
     if bad > len(s.bad_examples):
-        print(f"  ... and {bad - len(s.bad_examples)} more (each chunk's manifest lists its "
-              f"first {BAD_EXAMPLES_PER_CHUNK} in `bad_examples`)", file=out)  # fmt: skip
+        print(
+            f"  ... and {bad - len(s.bad_examples)} more (each chunk's manifest lists its "
+            f"first {BAD_EXAMPLES_PER_CHUNK} in `bad_examples`)",
+            file=out,
+        )
     out.flush()
 
 

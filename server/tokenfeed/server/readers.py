@@ -29,9 +29,14 @@ from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
 from tokenfeed.server.tokstore import DataStart, PartStart, Provenance
 
 REASONS = (
-    "invalid_utf8", "malformed_json", "not_an_object", "missing_field", "not_text", "empty",
+    "invalid_utf8",
+    "malformed_json",
+    "not_an_object",
+    "missing_field",
+    "not_text",
+    "empty",
     "no_tokens",
-)  # fmt: skip
+)
 _BLOCK = 4 * 2**20
 _TAIL_READ = 64 * 2**10
 T = TypeVar("T")
@@ -191,8 +196,9 @@ def locate_record(
     part, data_start = chunk, provenance.data_start
     if chunk.parts:
         if not isinstance(data_start, tuple) or len(data_start) != len(chunk.parts):
-            raise StoreCorruptError(f"{chunk.describe()}: its manifest does not record its "
-                                    f"{len(chunk.parts)} parts")  # fmt: skip
+            raise StoreCorruptError(
+                f"{chunk.describe()}: its manifest does not record its {len(chunk.parts)} parts"
+            )
         total, asked = sum(p.records for p in data_start), record
         if not 0 <= record < total:
             raise ValueError(f"{chunk.describe()}: no record {asked} among its {total}")
@@ -211,8 +217,9 @@ def locate_record(
     return uri, f"line {line_number(storage.for_uri(uri), part, data_start, record)}"
 
 
-def read_parts(store: ObjectStore, chunk: Chunk, read: Callable[[ObjectStore, Chunk], T]
-               ) -> list[T]:  # fmt: skip
+def read_parts(
+    store: ObjectStore, chunk: Chunk, read: Callable[[ObjectStore, Chunk], T]
+) -> list[T]:
     """`read(store, part)` of each part of a group (or of a simple chunk itself), in order.
     From object storage `store.parallel_reads` parts are read at once: each small object is a
     round trip of its own, so a group of 300 objects costs about 300 / 8 round trips, not 300
@@ -272,5 +279,6 @@ def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
         bad += d.bad
         ids += [base + i for i in d.record_ids]
         base += d.records
-    return ChunkDocuments(texts, bad, base, ids, tuple(PartStart(d.records, d.data_start)
-                                                       for d in parts))  # fmt: skip
+    return ChunkDocuments(
+        texts, bad, base, ids, tuple(PartStart(d.records, d.data_start) for d in parts)
+    )

@@ -38,14 +38,34 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 log = logging.getLogger(__name__)
 
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
-              "RequestLimitExceeded", "503", "429"}  # fmt: skip
-_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "RequestTimeout", "500", "502", "503",
-                    "504"}  # fmt: skip
+_THROTTLED = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+    "RequestLimitExceeded",
+    "503",
+    "429",
+}
+_TRANSIENT_CODES = {
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeout",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 _NETWORK_ERRORS = (
-    bce.ConnectionError, bce.HTTPClientError, bce.ReadTimeoutError, bce.ResponseStreamingError,
-    bce.IncompleteReadError, Urllib3Error, ConnectionError, TimeoutError,
-)  # fmt: skip
+    bce.ConnectionError,
+    bce.HTTPClientError,
+    bce.ReadTimeoutError,
+    bce.ResponseStreamingError,
+    bce.IncompleteReadError,
+    Urllib3Error,
+    ConnectionError,
+    TimeoutError,
+)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -199,8 +219,9 @@ class S3Store:
             page = self._call("list", pattern, lambda kw=kwargs: self.client.list_objects_v2(**kw))
             for item in page.get("Contents", []):
                 if regex.match(item["Key"]) and not item["Key"].endswith("/"):
-                    found.append(ObjectInfo(f"s3://{bucket}/{item['Key']}", int(item["Size"]),
-                                            item["ETag"]))  # fmt: skip
+                    found.append(
+                        ObjectInfo(f"s3://{bucket}/{item['Key']}", int(item["Size"]), item["ETag"])
+                    )
             if not page.get("IsTruncated"):
                 break
             token = page["NextContinuationToken"]
@@ -221,8 +242,9 @@ class S3Store:
         want = end - start
 
         def attempt() -> bytes:
-            resp = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
-                                          IfMatch=obj.version)  # fmt: skip
+            resp = self.client.get_object(
+                Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=obj.version
+            )
             if resp.get("ETag") != obj.version:
                 raise SourceChangedError(
                     f"source {obj.uri} changed after it was pinned: ETag {obj.version} -> "
@@ -230,8 +252,9 @@ class S3Store:
                 )
             total = self._total_size(resp, obj)
             if total != obj.size:
-                raise SourceChangedError(f"source {obj.uri} changed after it was pinned: size "
-                                         f"{obj.size} -> {total}")  # fmt: skip
+                raise SourceChangedError(
+                    f"source {obj.uri} changed after it was pinned: size {obj.size} -> {total}"
+                )
             body = resp["Body"]
             try:
                 data = body.read()
@@ -258,8 +281,9 @@ class S3Store:
         against it (a multipart ETag, `<md5>-<parts>`, cannot be)."""
         etag = obj.version.strip('"')
         if re.fullmatch(r"[0-9a-f]{32}", etag) and hashlib.md5(data).hexdigest() != etag:
-            raise ObjectStoreError(f"{obj.uri}: body does not match its ETag (MD5); "
-                                   "the read is discarded")  # fmt: skip
+            raise ObjectStoreError(
+                f"{obj.uri}: body does not match its ETag (MD5); the read is discarded"
+            )
 
     def _block_key(self, obj: ObjectInfo, k: int) -> str:
         text = f"{obj.uri}\x1f{obj.version}\x1f{obj.size}\x1f{self.spec.block_bytes}\x1f{k}"
@@ -277,8 +301,11 @@ class S3Store:
             key = self._block_key(obj, k)
             cached = self.blocks is not None and self.blocks.cache.contains(BlockFiles.KIND, key)
             if self.blocks is not None and (cached or 2 * (z - a) >= hi - lo):
-                parts.append(lambda key=key, lo=lo, hi=hi, a=a, z=z: self.blocks.get(
-                    key, lambda: self._get(obj, lo, hi))[a - lo : z - lo])  # fmt: skip
+                parts.append(
+                    lambda key=key, lo=lo, hi=hi, a=a, z=z: self.blocks.get(
+                        key, lambda: self._get(obj, lo, hi)
+                    )[a - lo : z - lo]
+                )
             else:
                 parts.append(lambda a=a, z=z: self._get(obj, a, z))
         if len(parts) == 1:

@@ -40,8 +40,11 @@ STATUS = {
     errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
     errors.LocalError: grpc.StatusCode.UNAVAILABLE,
 }
-_STATES = {"indexing": pb.JOB_STATE_INDEXING, "ready": pb.JOB_STATE_READY,
-           "failed": pb.JOB_STATE_FAILED}  # fmt: skip
+_STATES = {
+    "indexing": pb.JOB_STATE_INDEXING,
+    "ready": pb.JOB_STATE_READY,
+    "failed": pb.JOB_STATE_FAILED,
+}
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -104,17 +107,22 @@ def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
     INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {
-        "GetBatch": unary(servicer.GetBatch, _parse(pb.GetBatchRequest),
-                          pb.Batch.SerializeToString),
-        "StreamBatches": stream(servicer.StreamBatches, _parse(pb.StreamBatchesRequest),
-                                pb.Batch.SerializeToString),
-        "DescribeJob": unary(servicer.DescribeJob, _parse(pb.DescribeJobRequest),
-                             pb.JobInfo.SerializeToString),
-        "ListJobs": unary(servicer.ListJobs, _parse(pb.ListJobsRequest),
-                          pb.ListJobsResponse.SerializeToString),
-        "Explain": unary(servicer.Explain, _parse(pb.GetBatchRequest),
-                         pb.Explanation.SerializeToString),
-    }  # fmt: skip
+        "GetBatch": unary(
+            servicer.GetBatch, _parse(pb.GetBatchRequest), pb.Batch.SerializeToString
+        ),
+        "StreamBatches": stream(
+            servicer.StreamBatches, _parse(pb.StreamBatchesRequest), pb.Batch.SerializeToString
+        ),
+        "DescribeJob": unary(
+            servicer.DescribeJob, _parse(pb.DescribeJobRequest), pb.JobInfo.SerializeToString
+        ),
+        "ListJobs": unary(
+            servicer.ListJobs, _parse(pb.ListJobsRequest), pb.ListJobsResponse.SerializeToString
+        ),
+        "Explain": unary(
+            servicer.Explain, _parse(pb.GetBatchRequest), pb.Explanation.SerializeToString
+        ),
+    }
     name = pb.DESCRIPTOR.services_by_name["TokenFeed"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)
@@ -140,8 +148,9 @@ def _unary(method):
 
 
 class TokenFeedServicer(pb_grpc.TokenFeedServicer):
-    def __init__(self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor,
-                 stream_ahead: int = 2):  # fmt: skip
+    def __init__(
+        self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor, stream_ahead: int = 2
+    ):
         self.jobs = jobs
         self.max_wait = max_wait_seconds
         self.stream_ahead = stream_ahead
@@ -180,15 +189,17 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _batch(self, job: Job, step: int, rank: int, world_size: int, context,
-                     training: bool = True) -> pb.Batch:  # fmt: skip
+    async def _batch(
+        self, job: Job, step: int, rank: int, world_size: int, context, training: bool = True
+    ) -> pb.Batch:
         """One rank's batch. Only training requests (not Explain) move the job's progress,
         which prefetch and eviction follow."""
         [batch] = await self._batches(job, [step], rank, world_size, context, training)
         return batch
 
-    async def _batches(self, job: Job, steps: list[int], rank: int, world_size: int, context,
-                       training: bool = True) -> list[pb.Batch]:  # fmt: skip
+    async def _batches(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool = True
+    ) -> list[pb.Batch]:
         """Several steps' batches of one rank, assembled in one pass."""
         plans = []
         for step in steps:
@@ -204,8 +215,15 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             fields = wire.encode(compact)
             tokens += plan.rows * job.spec.seq_len
             sent += sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding"))
-            batch = pb.Batch(job=job.name, step=step, rank=rank, world_size=world_size,
-                             epoch=epoch, job_fingerprint=job.fingerprint, **fields)  # fmt: skip
+            batch = pb.Batch(
+                job=job.name,
+                step=step,
+                rank=rank,
+                world_size=world_size,
+                epoch=epoch,
+                job_fingerprint=job.fingerprint,
+                **fields,
+            )
             out.append(batch)
         job.note_served(tokens)
         metrics.SERVED_TOKENS.labels(job.name).inc(tokens)
@@ -229,8 +247,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     f"end_step {request.end_step} must be after start_step {request.start_step} "
                     "(or 0 to stream until cancelled)"
                 )
-            async for batch in self._ahead(job, request.start_step, end, request.rank, ws,
-                                           context):  # fmt: skip
+            async for batch in self._ahead(job, request.start_step, end, request.rank, ws, context):
                 yield batch
         except asyncio.CancelledError:  # the client went away
             metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
@@ -283,15 +300,31 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
         return pb.Explanation(
-            job=job.name, step=request.step, rank=request.rank, world_size=ws,
+            job=job.name,
+            step=request.step,
+            rank=request.rank,
+            world_size=ws,
             fingerprint=batch.fingerprint,
-            rows=[pb.RowExplanation(
-                row=r["row"], dataset=r["dataset"], epoch=r["epoch"],
-                pieces=[pb.Piece(source=src, record=rec, token_start=ts, token_end=te,
-                                 row_start=rs, row_end=re)
-                        for src, rec, ts, te, rs, re in r["pieces"]],
-            ) for r in rows],
-        )  # fmt: skip
+            rows=[
+                pb.RowExplanation(
+                    row=r["row"],
+                    dataset=r["dataset"],
+                    epoch=r["epoch"],
+                    pieces=[
+                        pb.Piece(
+                            source=src,
+                            record=rec,
+                            token_start=ts,
+                            token_end=te,
+                            row_start=rs,
+                            row_end=re,
+                        )
+                        for src, rec, ts, te, rs, re in r["pieces"]
+                    ],
+                )
+                for r in rows
+            ],
+        )
 
     @_unary
     async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
@@ -325,18 +358,21 @@ def num_sources(idx: DatasetIndex) -> int:
     return len({p.source.uri for c in idx.chunks for p in c.pieces})
 
 
-def _dataset_info(idx: DatasetIndex, weight,
-                  sources: Callable[[DatasetIndex], int]) -> pb.DatasetInfo:  # fmt: skip
+def _dataset_info(
+    idx: DatasetIndex, weight, sources: Callable[[DatasetIndex], int]
+) -> pb.DatasetInfo:
     ready = idx.state == READY
     return pb.DatasetInfo(
-        name=idx.dataset.name, weight=str(weight), fingerprint=idx.fingerprint,
+        name=idx.dataset.name,
+        weight=str(weight),
+        fingerprint=idx.fingerprint,
         num_sources=sources(idx),
         num_chunks=len(idx.chunks),
         chunks_indexed=idx.chunks_indexed,
         num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
         num_tokens=int(idx.num_tokens[idx.num_tokens > 0].sum()),
         rows_per_epoch=idx.rows_per_epoch if ready else 0,
-    )  # fmt: skip
+    )
 
 
 def job_info(job: Job, sources: Callable[[DatasetIndex], int] = num_sources) -> pb.JobInfo:
@@ -344,20 +380,35 @@ def job_info(job: Job, sources: Callable[[DatasetIndex], int] = num_sources) -> 
     remembers the count per planned chunk list)."""
     s = job.spec
     ready = job.state == READY
-    datasets = [_dataset_info(i, w, sources) for i, w in zip(job.indexes, s.phases[0].weights,
-                                                             strict=True)]  # fmt: skip
+    datasets = [
+        _dataset_info(i, w, sources) for i, w in zip(job.indexes, s.phases[0].weights, strict=True)
+    ]
     bad = sum((i.bad_records for i in job.indexes), start=collections.Counter())
     return pb.JobInfo(
-        name=job.name, fingerprint=job.fingerprint, state=_STATES[job.state], error=job.error,
-        seq_len=s.seq_len, global_batch_size=s.global_batch_size, seed=s.seed, packing=s.packing,
-        num_sources=sum(d.num_sources for d in datasets), num_chunks=job.num_chunks,
+        name=job.name,
+        fingerprint=job.fingerprint,
+        state=_STATES[job.state],
+        error=job.error,
+        seq_len=s.seq_len,
+        global_batch_size=s.global_batch_size,
+        seed=s.seed,
+        packing=s.packing,
+        num_sources=sum(d.num_sources for d in datasets),
+        num_chunks=job.num_chunks,
         chunks_indexed=job.chunks_indexed,
         num_documents=sum(d.num_documents for d in datasets),
         num_tokens=sum(d.num_tokens for d in datasets),
         rows_per_epoch=sum(d.rows_per_epoch for d in datasets) if ready else 0,
         steps_per_epoch=job.steps_per_epoch if ready else 0,
         bad_records=[pb.BadRecordCount(reason=r, count=c) for r, c in sorted(bad.items())],
-        tensor_names=list(job.tensor_names), datasets=datasets,
-        schedule=[pb.Phase(start_step=p.start_step, global_batch_size=p.global_batch_size,
-                           weights=[str(w) for w in p.weights]) for p in s.phases],
-    )  # fmt: skip
+        tensor_names=list(job.tensor_names),
+        datasets=datasets,
+        schedule=[
+            pb.Phase(
+                start_step=p.start_step,
+                global_batch_size=p.global_batch_size,
+                weights=[str(w) for w in p.weights],
+            )
+            for p in s.phases
+        ],
+    )

@@ -94,8 +94,9 @@ class _S3Blobs:
                 raise
             data = resp["Body"].read()
             if len(data) != resp["ContentLength"]:
-                raise bce.IncompleteReadError(actual_bytes=len(data),
-                                              expected_bytes=resp["ContentLength"])  # fmt: skip
+                raise bce.IncompleteReadError(
+                    actual_bytes=len(data), expected_bytes=resp["ContentLength"]
+                )
             return data
 
         return self.s3._call("get", f"s3://{self.bucket}/{key}", attempt)
@@ -158,8 +159,11 @@ class SharedStore:
         try:
             parse_manifest(key, raw)
         except StoreCorruptError:
-            log.warning("shared store %s: chunk %s has a corrupt manifest; rebuilding it here",
-                        self.spec.uri, key)  # fmt: skip
+            log.warning(
+                "shared store %s: chunk %s has a corrupt manifest; rebuilding it here",
+                self.spec.uri,
+                key,
+            )
             return None
         return raw
 
@@ -172,8 +176,11 @@ class SharedStore:
             return None
         chunk = EncodedChunk(key, *parts, manifest_bytes, m)  # type: ignore[arg-type]
         if not chunk.verified():
-            log.warning("shared store %s: chunk %s fails its checksums; rebuilding it here",
-                        self.spec.uri, key)  # fmt: skip
+            log.warning(
+                "shared store %s: chunk %s fails its checksums; rebuilding it here",
+                self.spec.uri,
+                key,
+            )
             return None
         with self._lock:
             self.counts.bodies_fetched += 1
@@ -224,12 +231,14 @@ class SharedStore:
             if not force and now - self._beat < self.spec.node_ttl_seconds / 4:
                 return self._nodes
             self._beat = now
-        self.blobs.put(f"nodes/{_safe(self.node)}.json",
-                       json.dumps({"node": self.node}).encode())  # fmt: skip
+        self.blobs.put(f"nodes/{_safe(self.node)}.json", json.dumps({"node": self.node}).encode())
         beats = self.blobs.modified("nodes/")
         mine = beats.get(f"{_safe(self.node)}.json", max(beats.values(), default=0.0))
-        live = sorted(n.removesuffix(".json") for n, t in beats.items()
-                      if t >= mine - self.spec.node_ttl_seconds)  # fmt: skip
+        live = sorted(
+            n.removesuffix(".json")
+            for n, t in beats.items()
+            if t >= mine - self.spec.node_ttl_seconds
+        )
         with self._lock:
             self._nodes = live or [_safe(self.node)]
             return self._nodes
@@ -240,16 +249,21 @@ class SharedStore:
         while True:
             nodes = self.heartbeat(force=True)
             if len(nodes) >= self.spec.min_nodes or time.monotonic() > deadline:
-                log.info("shared store %s: %d live node(s): %s", self.spec.uri, len(nodes),
-                         ", ".join(nodes))  # fmt: skip
+                log.info(
+                    "shared store %s: %d live node(s): %s",
+                    self.spec.uri,
+                    len(nodes),
+                    ", ".join(nodes),
+                )
                 return nodes
             time.sleep(min(1.0, self.spec.node_ttl_seconds / 4))
 
     def owner(self, key: str) -> str:
         """The live node a chunk is assigned to: highest rendezvous score."""
         nodes = self.heartbeat()
-        return max(nodes, key=lambda n: hashlib.blake2b(f"{n}\x1f{key}".encode(),
-                                                        digest_size=8).digest())  # fmt: skip
+        return max(
+            nodes, key=lambda n: hashlib.blake2b(f"{n}\x1f{key}".encode(), digest_size=8).digest()
+        )
 
     def mine(self, key: str) -> bool:
         return self.owner(key) == _safe(self.node)
@@ -270,8 +284,11 @@ def describe_differences(found: dict, wanted: dict) -> list[str]:
     want = {s[0]: s for s in wanted.get("sources", [])}
     added, gone = sorted(set(want) - set(have)), sorted(set(have) - set(want))
     changed = sorted(u for u in set(have) & set(want) if have[u] != want[u])
-    for label, uris in (("sources added", added), ("sources missing", gone),
-                        ("sources changed (size, ETag or reading)", changed)):  # fmt: skip
+    for label, uris in (
+        ("sources added", added),
+        ("sources missing", gone),
+        ("sources changed (size, ETag or reading)", changed),
+    ):
         if uris:
             more = f" and {len(uris) - 3} more" if len(uris) > 3 else ""
             out.append(f"{len(uris)} {label}: {', '.join(uris[:3])}{more}")

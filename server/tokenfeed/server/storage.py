@@ -120,8 +120,9 @@ class Storage:
     """The stores of one server, by URI scheme. The S3 backend (and boto3) is loaded on the
     first `s3://` URI; its blocks go to the disk cache when one is given."""
 
-    def __init__(self, object_store: ObjectStoreSpec | None = None,
-                 blocks: BlockFiles | None = None):  # fmt: skip
+    def __init__(
+        self, object_store: ObjectStoreSpec | None = None, blocks: BlockFiles | None = None
+    ):
         self.object_store = object_store or ObjectStoreSpec()
         self.blocks = blocks
         self._s3: ObjectStore | None = None

@@ -75,9 +75,13 @@ class TextTokenizer:
             ignored.append("padding " + (" ".join(how) or "to the longest document of each batch"))
             self._tok.no_padding()
         if ignored:
-            log.warning("%s: tokenizer.json sets %s; tokenfeed ignores %s: documents are packed "
-                        "whole, never cut or padded", self.path, " and ".join(ignored),
-                        "both" if len(ignored) == 2 else "it")  # fmt: skip
+            log.warning(
+                "%s: tokenizer.json sets %s; tokenfeed ignores %s: documents are packed "
+                "whole, never cut or padded",
+                self.path,
+                " and ".join(ignored),
+                "both" if len(ignored) == 2 else "it",
+            )
         return tuple(ignored)
 
     @property
@@ -116,12 +120,17 @@ class TextTokenizer:
         for i in range(0, len(texts), ENCODE_BATCH_DOCS):
             if between_batches is not None:
                 between_batches()
-            ids = [e.ids for e in self._tok.encode_batch_fast(
-                texts[i : i + ENCODE_BATCH_DOCS], add_special_tokens=False)]  # fmt: skip
+            ids = [
+                e.ids
+                for e in self._tok.encode_batch_fast(
+                    texts[i : i + ENCODE_BATCH_DOCS], add_special_tokens=False
+                )
+            ]
             lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
             total = int(lengths.sum(dtype=np.int64))
-            token_parts.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype,
-                                           count=total))  # fmt: skip
+            token_parts.append(
+                np.fromiter(itertools.chain.from_iterable(ids), dtype=self.dtype, count=total)
+            )
             length_parts.append(lengths)
         if not token_parts:
             return np.zeros(0, dtype=self.dtype), np.zeros(0, dtype=np.int32)

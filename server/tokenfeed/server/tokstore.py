@@ -35,10 +35,15 @@ IDX_MAGIC = b"MMIDIDX\x00\x00"
 IDX_VERSION = 1
 # Megatron-LM's dtype codes for the .idx header.
 DTYPE_CODES = {
-    np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7,
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
     np.dtype(np.uint16): 8,
-}  # fmt: skip
+}
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MANIFEST_VERSION = 2
 
@@ -97,9 +102,14 @@ def encode_idx(lengths: np.ndarray, dtype: np.dtype) -> bytes:
     counts = struct.pack("<QQ", n, n + 1)
     doc_idx = np.arange(n + 1, dtype=np.int64)
     return b"".join(
-        [header, counts, lengths.astype("<i4").tobytes(), pointers.astype("<i8").tobytes(),
-         doc_idx.astype("<i8").tobytes()]
-    )  # fmt: skip
+        [
+            header,
+            counts,
+            lengths.astype("<i4").tobytes(),
+            pointers.astype("<i8").tobytes(),
+            doc_idx.astype("<i8").tobytes(),
+        ]
+    )
 
 
 def decode_idx(raw: bytes | memoryview) -> tuple[np.dtype, np.ndarray, np.ndarray]:
@@ -136,10 +146,14 @@ class EncodedChunk:
 
     def verified(self) -> bool:
         m = self.manifest
-        return (len(self.bin) == m["bin_bytes"] and len(self.idx) == m["idx_bytes"]
-                and len(self.rec) == m["rec_bytes"]
-                and _blake(self.bin) == m["bin_blake2b"] and _blake(self.idx) == m["idx_blake2b"]
-                and _blake(self.rec) == m["rec_blake2b"])  # fmt: skip
+        return (
+            len(self.bin) == m["bin_bytes"]
+            and len(self.idx) == m["idx_bytes"]
+            and len(self.rec) == m["rec_bytes"]
+            and _blake(self.bin) == m["bin_blake2b"]
+            and _blake(self.idx) == m["idx_blake2b"]
+            and _blake(self.rec) == m["rec_blake2b"]
+        )
 
 
 def _blake(data: bytes) -> str:
@@ -147,32 +161,51 @@ def _blake(data: bytes) -> str:
 
 
 def encode_chunk(
-    key: str, tokens: np.ndarray, lengths: np.ndarray, records: int, bad: dict[str, int],
-    bad_examples: list[str], source: str, record_ids: np.ndarray | None = None,
+    key: str,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    records: int,
+    bad: dict[str, int],
+    bad_examples: list[str],
+    source: str,
+    record_ids: np.ndarray | None = None,
     data_start: DataStart = 0,
-) -> EncodedChunk:  # fmt: skip
+) -> EncodedChunk:
     bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
     idx_bytes = encode_idx(lengths, tokens.dtype)
     if record_ids is None:
         record_ids = np.arange(len(lengths), dtype=np.int64)
     rec_bytes = np.asarray(record_ids, dtype="<i8").tobytes()
     manifest = {
-        "manifest_version": MANIFEST_VERSION, "key": key, "source": source,
-        "num_docs": int(len(lengths)), "num_tokens": int(len(tokens)), "records": records,
-        "dtype": tokens.dtype.name, "bad_records": bad, "bad_examples": bad_examples,
-        "bin_bytes": len(bin_bytes), "idx_bytes": len(idx_bytes),
-        "rec_bytes": len(rec_bytes), "data_start": data_start,
-        "bin_blake2b": _blake(bin_bytes), "idx_blake2b": _blake(idx_bytes),
+        "manifest_version": MANIFEST_VERSION,
+        "key": key,
+        "source": source,
+        "num_docs": int(len(lengths)),
+        "num_tokens": int(len(tokens)),
+        "records": records,
+        "dtype": tokens.dtype.name,
+        "bad_records": bad,
+        "bad_examples": bad_examples,
+        "bin_bytes": len(bin_bytes),
+        "idx_bytes": len(idx_bytes),
+        "rec_bytes": len(rec_bytes),
+        "data_start": data_start,
+        "bin_blake2b": _blake(bin_bytes),
+        "idx_blake2b": _blake(idx_bytes),
         "rec_blake2b": _blake(rec_bytes),
-    }  # fmt: skip
+    }
     if isinstance(data_start, tuple):  # a group: records and data_start per part
         if len(data_start) < 2 or sum(part.records for part in data_start) != records:
-            raise ValueError(f"token chunk {key}: a group's parts ({len(data_start)}) must be "
-                             f"two or more, their records adding up to {records}")  # fmt: skip
+            raise ValueError(
+                f"token chunk {key}: a group's parts ({len(data_start)}) must be "
+                f"two or more, their records adding up to {records}"
+            )
         manifest["data_start"] = 0
         # Two arrays, not an object per part: a manifest of thousands of parts stays small.
-        manifest["parts"] = {"records": [part.records for part in data_start],
-                             "data_start": [part.data_start for part in data_start]}  # fmt: skip
+        manifest["parts"] = {
+            "records": [part.records for part in data_start],
+            "data_start": [part.data_start for part in data_start],
+        }
     meta_bytes = json.dumps(manifest, indent=1).encode()
     return EncodedChunk(key, bin_bytes, idx_bytes, rec_bytes, meta_bytes, manifest)
 
@@ -244,19 +277,31 @@ class TokenStore:
     def _body_complete(self, key: str, m: dict) -> bool:
         bin_path, idx_path, rec_path, _ = self._paths(key)
         try:
-            return (bin_path.stat().st_size == m["bin_bytes"]
-                    and idx_path.stat().st_size == m["idx_bytes"]
-                    and rec_path.stat().st_size == m["rec_bytes"])  # fmt: skip
+            return (
+                bin_path.stat().st_size == m["bin_bytes"]
+                and idx_path.stat().st_size == m["idx_bytes"]
+                and rec_path.stat().st_size == m["rec_bytes"]
+            )
         except OSError:
             return False
 
     def put(
-        self, key: str, tokens: np.ndarray, lengths: np.ndarray, records: int,
-        bad: dict[str, int], bad_examples: list[str], source: str,
-        record_ids: np.ndarray | None = None, data_start: DataStart = 0,
-    ) -> ChunkIndex:  # fmt: skip
-        return self.put_encoded(encode_chunk(key, tokens, lengths, records, bad, bad_examples,
-                                             source, record_ids, data_start))  # fmt: skip
+        self,
+        key: str,
+        tokens: np.ndarray,
+        lengths: np.ndarray,
+        records: int,
+        bad: dict[str, int],
+        bad_examples: list[str],
+        source: str,
+        record_ids: np.ndarray | None = None,
+        data_start: DataStart = 0,
+    ) -> ChunkIndex:
+        return self.put_encoded(
+            encode_chunk(
+                key, tokens, lengths, records, bad, bad_examples, source, record_ids, data_start
+            )
+        )
 
     def put_encoded(self, chunk: EncodedChunk, body: bool = True) -> ChunkIndex:
         """Store an encoded chunk: its manifest always, its body if `body` and the cache
@@ -296,8 +341,14 @@ class TokenStore:
             return None
         bin_path, idx_path, rec_path, meta_path = self._paths(key)
         try:
-            chunk = EncodedChunk(key, bin_path.read_bytes(), idx_path.read_bytes(),
-                                 rec_path.read_bytes(), meta_path.read_bytes(), m)  # fmt: skip
+            chunk = EncodedChunk(
+                key,
+                bin_path.read_bytes(),
+                idx_path.read_bytes(),
+                rec_path.read_bytes(),
+                meta_path.read_bytes(),
+                m,
+            )
         except FileNotFoundError:
             return None
         return chunk if chunk.verified() else None
@@ -305,9 +356,15 @@ class TokenStore:
     @staticmethod
     def _index(m: dict) -> ChunkIndex:
         return ChunkIndex(
-            m["key"], m["num_docs"], m["num_tokens"], m["records"], m["bad_records"],
-            m["bad_examples"], f"{m['bin_blake2b']}:{m['idx_blake2b']}", _body_bytes(m),
-        )  # fmt: skip
+            m["key"],
+            m["num_docs"],
+            m["num_tokens"],
+            m["records"],
+            m["bad_records"],
+            m["bad_examples"],
+            f"{m['bin_blake2b']}:{m['idx_blake2b']}",
+            _body_bytes(m),
+        )
 
     @staticmethod
     def _consistent(m: object) -> bool:
@@ -324,7 +381,7 @@ class TokenStore:
                 and isinstance(m["bad_examples"], list)
                 and all(
                     isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b", "rec_blake2b")
-                )  # fmt: skip
+                )
                 and ("parts" not in m or _parts_consistent(m["parts"], m["records"]))
             )
         except (TypeError, KeyError, ValueError):
@@ -437,11 +494,12 @@ def _parts_consistent(parts: object, records: int) -> bool:
         return False
     counts, starts = parts.get("records"), parts.get("data_start")
     return (
-        isinstance(counts, list) and isinstance(starts, list)
+        isinstance(counts, list)
+        and isinstance(starts, list)
         and len(counts) == len(starts) > 1
         and all(type(v) is int and v >= 0 for v in counts + starts)
         and sum(counts) == records
-    )  # fmt: skip
+    )
 
 
 def manifest_data_start(m: dict) -> DataStart:
@@ -449,8 +507,9 @@ def manifest_data_start(m: dict) -> DataStart:
     none)."""
     if "parts" in m:
         parts = m["parts"]
-        return tuple(PartStart(n, s) for n, s in zip(parts["records"], parts["data_start"],
-                                                     strict=True))  # fmt: skip
+        return tuple(
+            PartStart(n, s) for n, s in zip(parts["records"], parts["data_start"], strict=True)
+        )
     return int(m["data_start"])
 
 

@@ -48,8 +48,12 @@ RESTART_PAUSE_SECONDS = 1.0  # between a worker's death and its replacement
 FORGET_SECONDS = 1.0  # how often a worker drops its mappings of evicted bodies
 METRICS_SECONDS = 1.0  # how often a worker sends its counters to the supervisor
 # What the workers count: summed over workers (and over workers that have exited) on /metrics.
-WORKER_METRICS = (metrics.REQUESTS, metrics.REQUEST_SECONDS, metrics.SERVED_TOKENS,
-                  metrics.SERVED_BYTES)  # fmt: skip
+WORKER_METRICS = (
+    metrics.REQUESTS,
+    metrics.REQUEST_SECONDS,
+    metrics.SERVED_TOKENS,
+    metrics.SERVED_BYTES,
+)
 
 
 def reserve(listen: str) -> tuple[socket.socket, str]:
@@ -69,8 +73,11 @@ def reserve(listen: str) -> tuple[socket.socket, str]:
 
 def snapshot() -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
     """This process's worker metrics: (family, help, type, samples)."""
-    return [(f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
-            for m in WORKER_METRICS for f in m.collect()]  # fmt: skip
+    return [
+        (f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
+        for m in WORKER_METRICS
+        for f in m.collect()
+    ]
 
 
 class WorkerMetrics:
@@ -129,8 +136,14 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, config: Config, listen: str, health_listen: str, control: Supervised,
-                 counted: WorkerMetrics):  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        listen: str,
+        health_listen: str,
+        control: Supervised,
+        counted: WorkerMetrics,
+    ):
         self.config, self.listen, self.health_listen = config, listen, health_listen
         self.control, self.counted = control, counted
         self.run_dir = Path(config.server.cache_dir) / "workers"
@@ -143,10 +156,19 @@ class WorkerPool:
         ready = self.run_dir / f"worker-{index}.ready.json"
         ready.unlink(missing_ok=True)
         process = self._context.Process(
-            target=worker_main, name=f"tokenfeed-worker-{index}", daemon=False,
-            args=(self.config, index, self.listen, self.health_listen, str(self.control.path),
-                  self.control.authkey, str(ready)),
-        )  # fmt: skip
+            target=worker_main,
+            name=f"tokenfeed-worker-{index}",
+            daemon=False,
+            args=(
+                self.config,
+                index,
+                self.listen,
+                self.health_listen,
+                str(self.control.path),
+                self.control.authkey,
+                str(ready),
+            ),
+        )
         process.start()
         self.workers[index] = _Worker(index, process, ready, time.monotonic())
         log.info("worker %d started (pid %d)", index, process.pid)
@@ -156,8 +178,10 @@ class WorkerPool:
             for w in self.workers.values():
                 if w.process.exitcode is not None or time.monotonic() - w.started > START_SECONDS:
                     code = w.process.exitcode
-                    raise RuntimeError(f"worker {w.index} failed to start (exit code {code}); "
-                                       "its log lines are above")  # fmt: skip
+                    raise RuntimeError(
+                        f"worker {w.index} failed to start (exit code {code}); "
+                        "its log lines are above"
+                    )
             await asyncio.sleep(0.02)
 
     async def keep_alive(self) -> None:
@@ -166,8 +190,12 @@ class WorkerPool:
             await asyncio.sleep(0.1)
             for w in list(self.workers.values()):
                 if w.process.exitcode is not None:
-                    log.warning("worker %d (pid %d) exited with %s; restarting it", w.index,
-                                w.process.pid, w.process.exitcode)  # fmt: skip
+                    log.warning(
+                        "worker %d (pid %d) exited with %s; restarting it",
+                        w.index,
+                        w.process.pid,
+                        w.process.exitcode,
+                    )
                     self.counted.retire(w.process.pid)
                     self.restarts += 1
                     await asyncio.sleep(RESTART_PAUSE_SECONDS)
@@ -199,25 +227,42 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
     check_budget(config)
     jobs = build_jobs(config)
     held, listen = reserve(config.server.listen)
-    held_health, health_listen = (reserve(config.server.health_listen)
-                                  if config.server.health_listen else (None, ""))  # fmt: skip
+    held_health, health_listen = (
+        reserve(config.server.health_listen) if config.server.health_listen else (None, "")
+    )
     counted = WorkerMetrics()
-    control = Supervised(Path(config.server.cache_dir) / "control.sock", jobs, loop,
-                         on_metrics=counted.update)  # fmt: skip
+    control = Supervised(
+        Path(config.server.cache_dir) / "control.sock", jobs, loop, on_metrics=counted.update
+    )
     tokenize, tasks = start_builds(config, jobs)
-    http = (start_http(config.server.metrics_listen, jobs, registry=counted)
-            if config.server.metrics_listen else None)  # fmt: skip
+    http = (
+        start_http(config.server.metrics_listen, jobs, registry=counted)
+        if config.server.metrics_listen
+        else None
+    )
     pool = WorkerPool(config, listen, health_listen, control, counted)
     for i in range(config.server.workers):
         pool.start(i)
     try:
         await pool.wait_ready()
-        log.info("serving %d job(s) %s on %s with %d workers", len(jobs), sorted(jobs), listen,
-                 len(pool.workers))  # fmt: skip
+        log.info(
+            "serving %d job(s) %s on %s with %d workers",
+            len(jobs),
+            sorted(jobs),
+            listen,
+            len(pool.workers),
+        )
         pids = [w.process.pid for w in pool.workers.values()]
-        write_ready(ready_file, {"address": listen, "pid": os.getpid(), "workers": pids,
-                                 "metrics": http.address if http is not None else "",
-                                 "health": health_listen})  # fmt: skip
+        write_ready(
+            ready_file,
+            {
+                "address": listen,
+                "pid": os.getpid(),
+                "workers": pids,
+                "metrics": http.address if http is not None else "",
+                "health": health_listen,
+            },
+        )
         tasks.append(asyncio.create_task(pool.keep_alive()))
         await stop.wait()
     finally:
@@ -239,15 +284,29 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
 # ------------------------------------------------------------------------ a worker
 
 
-def worker_main(config: Config, index: int, listen: str, health_listen: str, control: str,
-                authkey: bytes, ready_file: str) -> None:  # fmt: skip
+def worker_main(
+    config: Config,
+    index: int,
+    listen: str,
+    health_listen: str,
+    control: str,
+    authkey: bytes,
+    ready_file: str,
+) -> None:
     logs.configure(config.server.log_format)
-    uvloop.run(_worker(config, index, listen, health_listen, SupervisorLink(control, authkey),
-                       ready_file))  # fmt: skip
+    uvloop.run(
+        _worker(config, index, listen, health_listen, SupervisorLink(control, authkey), ready_file)
+    )
 
 
-async def _worker(config: Config, index: int, listen: str, health_listen: str,
-                  link: SupervisorLink, ready_file: str) -> None:  # fmt: skip
+async def _worker(
+    config: Config,
+    index: int,
+    listen: str,
+    health_listen: str,
+    link: SupervisorLink,
+    ready_file: str,
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -255,8 +314,10 @@ async def _worker(config: Config, index: int, listen: str, health_listen: str,
     parent = os.getppid()
     store = StoreView(config.server.cache_dir)
     storage = Storage(config.object_store)  # explain's reads only: no block cache here
-    jobs = {spec.name: Job(spec, store, storage, None, link,
-                           config.server.stream_cache_bytes) for spec in config.jobs}  # fmt: skip
+    jobs = {
+        spec.name: Job(spec, store, storage, None, link, config.server.stream_cache_bytes)
+        for spec in config.jobs
+    }
     io = ThreadPoolExecutor(4, thread_name_prefix="chunk-io")
     front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True)
     await front.start()
@@ -285,10 +346,14 @@ async def _worker(config: Config, index: int, listen: str, health_listen: str,
                 pass
 
     tasks = [asyncio.create_task(job.build_index(io, 2)) for job in jobs.values()]
-    tasks += [asyncio.create_task(link.flush_forever(run)), asyncio.create_task(push_metrics()),
-              asyncio.create_task(every(FORGET_SECONDS, lambda: [j.forget_gone()
-                                                                 for j in jobs.values()])),
-              asyncio.create_task(front.serving(stop))]  # fmt: skip
+    tasks += [
+        asyncio.create_task(link.flush_forever(run)),
+        asyncio.create_task(push_metrics()),
+        asyncio.create_task(
+            every(FORGET_SECONDS, lambda: [j.forget_gone() for j in jobs.values()])
+        ),
+        asyncio.create_task(front.serving(stop)),
+    ]
     write_ready(ready_file, {"pid": os.getpid(), "address": front.address})
     log.info("worker %d serving on %s", index, front.address)
     await stop.wait()
