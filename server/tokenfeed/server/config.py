@@ -28,6 +28,7 @@ PACKINGS = ("concat", "best_fit")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BAD_RECORD_POLICIES = ("skip", "strict")
 FORMATS = ("auto", "jsonl", "parquet", "megatron")
+TOKENIZER_BACKENDS = ("auto", "hf", "tiktoken")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class TokenizerSpec:
     bos_id: int | None = None
     bos_token: str | None = None
     add_bos: bool = False
+    # The engine that computes the ids: never changes them (tokenize.py checks at load time),
+    # so it is not part of the job's fingerprint.
+    backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,7 @@ def _tokenizer(raw: Any, where: str, base: Path) -> TokenizerSpec:
         bos_id=s.opt_int("bos_id"),
         bos_token=s.opt_str("bos_token"),
         add_bos=s.bool("add_bos", False),
+        backend=s.str("backend", "auto", choices=TOKENIZER_BACKENDS),
     )
     s.done()
     return spec
