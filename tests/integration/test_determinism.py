@@ -85,6 +85,18 @@ def test_stream_equals_unary(server):
     assert streamed == unary
 
 
+def test_a_stream_across_an_epoch_end_equals_unary(server):
+    # A stream's next steps are planned together: the group that holds the epoch's last step
+    # and the next epoch's first must give each batch its own epoch and rows.
+    with server.client("main") as c:
+        spe = int(c.describe()["steps_per_epoch"])
+        steps = range(spe - 3, spe + 4)
+        streamed = [(b.step, b.epoch, batch_bytes(b)) for b in c.iter_batches(spe - 3, spe + 4)]
+        unary = [(s, b.epoch, batch_bytes(b)) for s, b in ((s, c.get_batch(s)) for s in steps)]
+    assert {e for _, e, _ in unary} == {0, 1}
+    assert streamed == unary
+
+
 def test_epochs_continue_with_a_new_order(server):
     with server.client("main") as c:
         info = c.describe()

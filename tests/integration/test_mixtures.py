@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from support import TOKENIZER, ServerProcess, job_spec, write_config, write_jsonl
+from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_config, write_jsonl
 from tokenfeed.client import Client
 from tokenizers import Tokenizer
 
@@ -152,3 +152,21 @@ def test_explain_command_prints_each_rows_sources(mixed):
     rows = [line for line in lines if line.startswith("row ")]
     assert len(rows) == 4 and all("dataset web" in r or "dataset books" in r for r in rows)
     assert any("<- tokens [" in line and ".jsonl line " in line for line in lines)
+
+
+@pytest.mark.parametrize("job", ["mix", "fit"])
+def test_streams_planned_several_steps_at_once_equal_unary_across_phases(mixed, job):
+    # A stream plans and assembles its next steps together (up to server.stream_ahead at
+    # once); the groups break where the batch size changes (step 40 of `mix`).
+    with Client(mixed.address) as c:
+        streamed = [
+            (b.step, b.epoch, batch_bytes(b)) for b in c.iter_batches(15, 161, 1, 2, job=job)
+        ]
+        unary = [
+            (s, b.epoch, batch_bytes(b))
+            for s, b in ((s, c.get_batch(s, 1, 2, job=job)) for s in range(15, 161))
+        ]
+    assert [s for s, _, _ in streamed] == list(range(15, 161))
+    assert streamed == unary
+    rows = {len(np.frombuffer(u["input_ids"], dtype=np.int32)) // 64 for _, _, u in unary}
+    assert rows == ({4, 8} if job == "mix" else {4})  # 16 rows a step from step 40 on

@@ -255,17 +255,20 @@ class Job:
         self._built_more.set()
         self._built_more = asyncio.Event()
 
-    async def plan_when_built(self, step: int, rank: int, world_size: int, timeout: float):
-        """The plan of one rank's batch, waiting up to `timeout` seconds for the chunks it
-        needs to be built (serving while building: steps are served as soon as their windows
-        are tokenized, in sample order, never from a partial window)."""
+    async def plan_when_built(
+        self, steps: list[int], rank: int, world_size: int, timeout: float
+    ) -> Plan:
+        """The plan of one rank's batches of `steps` (plan_steps), waiting up to `timeout`
+        seconds for the chunks they need to be built (serving while building: steps are
+        served as soon as their windows are tokenized, in sample order, never from a partial
+        window)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             if self.state == FAILED:
                 raise JobFailedError(self.error)
             try:
-                return self.plan(step, rank, world_size)
+                return self.plan_steps(steps, rank, world_size)
             except NotBuiltError as e:
                 remaining = deadline - loop.time()
                 if not self._ready.is_set() and any(i.error for i in self.indexes):
@@ -316,42 +319,71 @@ class Job:
 
     def plan(self, step: int, rank: int, world_size: int) -> Plan:
         """Where each row of one rank's batch lives: pure order arithmetic, no data read."""
-        self.check_request(step, rank, world_size)
+        return self.plan_steps([step], rank, world_size)
+
+    def plan_steps(self, steps: list[int], rank: int, world_size: int) -> Plan:
+        """One plan of one rank's batches of several steps of the same batch size, their rows
+        one step after another: each dataset's rows are located in one pass (a stream's next
+        steps pay the per-call costs once)."""
+        for step in steps:
+            self.check_request(step, rank, world_size)
         if self.state == FAILED:
             raise JobFailedError(self.error)
         if self.tokenizer is None:
             raise NotReadyError(
                 f"job {self.name} cannot serve yet: {self._tokenizer_error}", retry_after=5.0
             )
-        per_rank = self.schedule.batch_size(step) // world_size
-        datasets, dataset_rows = self.schedule.rows(step, rank * per_rank, per_rank)
+        per_rank = self.schedule.batch_size(steps[0]) // world_size
+        if any(self.schedule.batch_size(step) // world_size != per_rank for step in steps):
+            raise ValueError(f"steps {steps} have different batch sizes")
+        found = [self.schedule.rows(step, rank * per_rank, per_rank) for step in steps]
+        datasets = np.concatenate([f[0] for f in found]) if len(steps) > 1 else found[0][0]
+        dataset_rows = np.concatenate([f[1] for f in found]) if len(steps) > 1 else found[0][1]
         parts = []
         for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small
             mine = np.nonzero(datasets == d)[0]
-            idx, rows = self.indexes[d], dataset_rows[mine]
-            if idx.state == READY:
-                epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
-            else:  # still building: only epoch 0's rows of fully built windows are known
-                need = int(rows.max()) + 1
-                if need > idx.rows_built:
-                    raise NotBuiltError(self._not_built(idx, step, need))
-                epochs = np.zeros(len(mine), dtype=np.int64)
-            natural = np.empty_like(rows)
-            for epoch in dict.fromkeys(epochs.tolist()):
-                sel = epochs == epoch
-                natural[sel] = order.natural_rows(
-                    self.layout(d, epoch),
-                    rows[sel],
-                    lambda w, d=d, e=epoch: self._window_perm(d, e, w),
-                )
-            pieces = order.locate_units(
-                natural * idx.per_row,
-                idx.span,
-                idx.units_per_epoch,
-                lambda e, d=d: self.layout(d, e),
-            )
+            rows = dataset_rows[mine]
+            # The first step that needs a row not built yet is the one that waits.
+            epochs, pieces = self._locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
             parts.append(PlanPart(d, mine, epochs, pieces))
-        return Plan(per_rank, parts)
+        return Plan(per_rank * len(steps), parts)
+
+    def _locate(self, d: int, rows: np.ndarray, step: int) -> tuple[np.ndarray, order.Pieces]:
+        """(epoch of each row, the pieces of chunks they read) for rows of dataset `d`."""
+        idx = self.indexes[d]
+        if idx.state == READY:
+            epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
+        else:  # still building: only epoch 0's rows of fully built windows are known
+            need = int(rows.max()) + 1
+            if need > idx.rows_built:
+                raise NotBuiltError(self._not_built(idx, step, need))
+            epochs = np.zeros(len(rows), dtype=np.int64)
+        natural = np.empty_like(rows)
+        for epoch in dict.fromkeys(epochs.tolist()):
+            sel = epochs == epoch
+            natural[sel] = order.natural_rows(
+                self.layout(d, epoch),
+                rows[sel],
+                lambda w, d=d, e=epoch: self._window_perm(d, e, w),
+            )
+        pieces = order.locate_units(
+            natural * idx.per_row, idx.span, idx.units_per_epoch, lambda e: self.layout(d, e)
+        )
+        return epochs, pieces
+
+    def chunks_of_steps(self, first: int, end: int) -> set[tuple[int, int]]:
+        """The (dataset, chunk) pairs that the whole global batches of steps [first, end)
+        read: one pass over their rows, whatever the number of steps."""
+        rows: dict[int, list[np.ndarray]] = {}
+        for step in range(first, end):
+            datasets, dataset_rows = self.schedule.rows(step, 0, self.schedule.batch_size(step))
+            for d in dict.fromkeys(datasets.tolist()):
+                rows.setdefault(d, []).append(dataset_rows[datasets == d])
+        out: set[tuple[int, int]] = set()
+        for d, found in rows.items():
+            _, pieces = self._locate(d, np.concatenate(found), first)
+            out.update((d, c) for c in np.unique(pieces.chunk).tolist())
+        return out
 
     @staticmethod
     def plan_chunks(plan: Plan) -> set[tuple[int, int, int]]:
@@ -390,29 +422,36 @@ class Job:
 
     async def prefetch(self, executor: Executor, steps: int) -> None:
         """Keep every chunk of the next `steps` steps past the furthest request in the cache
-        (rebuilding evicted ones), until cancelled."""
+        (rebuilding evicted ones), until cancelled. Once the lead falls to half of `steps`,
+        the steps up to the full lead are planned together: a stream advancing one step at a
+        time costs one plan per `steps // 2` steps, not one per step."""
         await self._ready.wait()
         p = self.progress
         while steps and self.state == READY:
-            step = max(p.prefetched, p.furthest) + 1
-            if step > max(p.furthest, 0) + steps:
+            first = max(p.prefetched, p.furthest) + 1
+            end = max(p.furthest, 0) + steps + 1
+            if first > max(p.furthest, 0) + (steps + 1) // 2:
                 await p.changed()
                 continue
+            was = p.furthest
             try:
-                await self._prefetch_step(executor, step)
+                await self._prefetch_steps(executor, first, end)
             except (SourceError, BadRecordError) as e:
                 self.fail(str(e))
                 return
             except Exception as e:  # local (cache full, network): requests will say so
-                log.warning("job %s: prefetch of step %d failed: %s", self.name, step, e)
+                log.warning(
+                    "job %s: prefetch of steps %d..%d failed: %s", self.name, first, end - 1, e
+                )
                 await asyncio.sleep(1.0)
                 continue
-            p.prefetched = step
+            if p.furthest >= was:  # else a rollback moved it back meanwhile: start again
+                p.prefetched = end - 1
             metrics.PREFETCH_LEAD_STEPS.labels(self.name).set(max(p.lead_steps, 0))
             metrics.PREFETCH_LEAD_SECONDS.labels(self.name).set(p.lead_seconds)
 
-    async def _prefetch_step(self, executor: Executor, step: int) -> None:
-        needed = {(d, c) for d, _, c in self.plan_chunks(self.plan(step, 0, 1))}
+    async def _prefetch_steps(self, executor: Executor, first: int, end: int) -> None:
+        needed = self.chunks_of_steps(first, end)
         missing = [(d, c) for d, c in needed if not self.store.has_body(self.indexes[d].keys[c])]
         if missing:
             loop = asyncio.get_running_loop()
@@ -489,26 +528,21 @@ class Job:
         )
         return first_epoch, wire.compact_from_flat_starts(ids, starts)
 
-    def assemble_many(self, plans: list[Plan]) -> list[tuple[int, wire.Compact]]:
-        """`assemble` of several plans (a stream's next steps) in one pass over their rows:
-        the per-call costs of planning the copies are paid once (bench/, wire section)."""
-        if len(plans) == 1:
-            return [self.assemble(plans[0])]
-        parts, offset = [], 0
-        for plan in plans:
-            parts += [PlanPart(p.dataset, p.slots + offset, p.epochs, p.pieces) for p in plan.parts]
-            offset += plan.rows
-        _, whole = self.assemble(Plan(offset, parts))
-        out, first = [], 0
-        for plan in plans:
-            epoch = 0
-            for part in plan.parts:
-                hit = np.nonzero(part.slots == 0)[0]
-                if hit.size:
-                    epoch = int(part.epochs[hit[0]])
-            out.append((epoch, wire.slice_rows(whole, first, first + plan.rows)))
-            first += plan.rows
-        return out
+    def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+        """`assemble` of a plan of several steps (plan_steps): the whole assembled in one
+        pass, then cut into the steps' batches, each with the epoch of its first row."""
+        epoch, whole = self.assemble(plan)
+        if steps == 1:
+            return [(epoch, whole)]
+        per_step = plan.rows // steps
+        epochs = np.zeros(steps, dtype=np.int64)
+        for part in plan.parts:
+            first = part.slots % per_step == 0
+            epochs[part.slots[first] // per_step] = part.epochs[first]
+        return [
+            (int(epochs[i]), wire.slice_rows(whole, i * per_step, (i + 1) * per_step))
+            for i in range(steps)
+        ]
 
     @property
     def wire_dtype(self) -> np.dtype:

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
-from tokenfeed.server.job import MAX_STEP, READY, Job, Plan
+from tokenfeed.server.job import MAX_STEP, READY, Job
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -200,20 +200,20 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def _batches(
         self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool = True
     ) -> list[pb.Batch]:
-        """Several steps' batches of one rank, assembled in one pass."""
-        plans = []
-        for step in steps:
-            plans.append(await job.plan_when_built(step, rank, world_size, self._wait(context)))
-            if training:
+        """Several steps' batches of one rank (of the same batch size), planned and assembled
+        in one pass."""
+        plan = await job.plan_when_built(steps, rank, world_size, self._wait(context))
+        if training:
+            for step in steps:
                 job.note_request(step, rank, world_size)
-        together = Plan(sum(p.rows for p in plans), [part for p in plans for part in p.parts])
-        with job.pinned(together):  # its chunks stay in the cache until the batches are built
-            await job.open_chunks(together, self.io)  # disk work, off the event loop
-            built = job.assemble_many(plans)
+        with job.pinned(plan):  # its chunks stay in the cache until the batches are built
+            await job.open_chunks(plan, self.io)  # disk work, off the event loop
+            built = job.assemble_steps(plan, len(steps))
+        per_step = plan.rows // len(steps)
         out, tokens, sent = [], 0, 0
-        for step, plan, (epoch, compact) in zip(steps, plans, built, strict=True):
+        for step, (epoch, compact) in zip(steps, built, strict=True):
             fields = wire.encode(compact)
-            tokens += plan.rows * job.spec.seq_len
+            tokens += per_step * job.spec.seq_len
             sent += sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding"))
             batch = pb.Batch(
                 job=job.name,
@@ -271,9 +271,18 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
         async def produce() -> None:
             try:
-                for first in range(start, end, group):
+                first = start
+                while first < end:
                     started = time.perf_counter()
-                    steps = list(range(first, min(first + group, end)))
+                    # A group never crosses a change of batch size (a new phase), and while
+                    # the job builds each step goes as soon as its own rows are built.
+                    size = job.schedule.batch_size(first)
+                    steps, most = [first], group if job.state == READY else 1
+                    while len(steps) < most and steps[-1] + 1 < end:
+                        if job.schedule.batch_size(steps[-1] + 1) != size:
+                            break
+                        steps.append(steps[-1] + 1)
+                    first = steps[-1] + 1
                     batches = await self._batches(job, steps, rank, world_size, context)
                     per_batch = (time.perf_counter() - started) / len(steps)
                     for batch in batches:
