@@ -11,7 +11,8 @@ from tokenfeed.server import packing
 from tokenfeed.server.readers import locate_record
 
 if TYPE_CHECKING:
-    from tokenfeed.server.job import Job, Plan
+    from tokenfeed.server.job import Job
+    from tokenfeed.server.planner import Plan
 
 
 def explain_rows(job: Job, plan: Plan) -> list[dict]:
