@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.cache import BlockFiles, DiskCache, Kind
+from tokenfeed.server.blockfiles import BlockFiles
+from tokenfeed.server.cache import DiskCache, Kind
 from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
 from tokenfeed.server.tokstore import TokenStore
 

@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import uvloop
-from tokenfeed.server.cache import BlockFiles, DiskCache, lock_directory
+from tokenfeed.server.blockfiles import BlockFiles
+from tokenfeed.server.cache import DiskCache
 from tokenfeed.server.config import Config
+from tokenfeed.server.diskfiles import lock_directory
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.eviction import FutureUse
 from tokenfeed.server.front import Front

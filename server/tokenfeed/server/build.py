@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from tokenfeed.server.cache import DiskCache, lock_directory
+from tokenfeed.server.cache import DiskCache
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
+from tokenfeed.server.diskfiles import lock_directory
 from tokenfeed.server.errors import JobFailedError
 from tokenfeed.server.job import Job
 from tokenfeed.server.sharedstore import SharedStore

@@ -40,11 +40,8 @@ cache), nor while waiting for a fill or a deletion.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -54,7 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenfeed.server import metrics
-from tokenfeed.server.errors import CacheBusyError, CacheFullError, CacheTooSmallError
+from tokenfeed.server.diskfiles import write_atomic
+from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -456,127 +454,3 @@ class DiskCache:
             victims.append(key)
             freed += size(key)
         return victims
-
-
-def lock_directory(root: Path, what: str) -> int:
-    """Take `root`'s lock (an exclusive flock on `root/.lock`, holding the owner's pid) for
-    the life of this process, or refuse: one cache directory belongs to one owning process,
-    since its rescan removes the partial writes of any other. Returns the lock's descriptor."""
-    import fcntl
-
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / ".lock"
-    held = _LOCKS.get(str(path.resolve()))
-    if held is not None:  # this process owns it already (several jobs, several builds)
-        return held
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise CacheBusyError(
-            f"cache_dir {root} is in use by another tokenfeed process (pid {owner}); {what} "
-            "cannot share it: ask the running server instead (e.g. `tokenfeed inspect "
-            "--target HOST:PORT`), or give this command another cache_dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _LOCKS[str(path.resolve())] = fd
-    return fd
-
-
-_LOCKS: dict[str, int] = {}  # the cache directories this process owns: lock path -> descriptor
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temporary file in the same directory, flushed, fsynced, renamed over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-class BlockFiles:
-    """The `block` kind: one file per block, named `<key>.<blake2b of content>.blk`, so a
-    rename publishes content and checksum together. Sizes are checked on the rescan, checksums
-    on the first read in a process."""
-
-    KIND = "block"
-
-    def __init__(self, cache: DiskCache):
-        self.cache = cache
-        self.dir = cache.root / "blocks"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._names: dict[str, Path] = {}
-        self._verified: set[str] = set()
-        self._lock = threading.Lock()
-        cache.register(Kind(self.KIND, self._scan, self._delete))
-
-    def _scan(self) -> Iterator[tuple[str, int]]:
-        for path in self.dir.glob("*/*"):
-            parts = path.name.split(".")
-            if len(parts) != 3 or parts[2] != "blk":
-                log.info("cache: removing partial write %s", path)
-                path.unlink(missing_ok=True)
-                continue
-            self._names[parts[0]] = path
-            yield parts[0], path.stat().st_size
-
-    def _delete(self, key: str) -> None:
-        with self._lock:
-            path = self._names.pop(key, None)
-            self._verified.discard(key)
-        if path is not None:
-            path.unlink(missing_ok=True)
-
-    def get(self, key: str, fill: Callable[[], bytes]) -> bytes:
-        """The block's bytes: from disk, or from `fill()` (run once per key at a time)."""
-        while True:
-            if self.cache.lookup(self.KIND, key):
-                with self.cache.pinned([(self.KIND, key)]):
-                    data = self._read(key)
-                if data is not None:
-                    return data
-                continue  # dropped as corrupt: fetch again
-            fetched: list[bytes] = []
-            self.cache.fill_once(
-                self.KIND, key, lambda out=fetched: out.append(self._fill(key, fill))
-            )
-            if fetched:
-                return fetched[0]
-
-    def _fill(self, key: str, fill: Callable[[], bytes]) -> bytes:
-        data = fill()
-        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-        path = self.dir / key[:2] / f"{key}.{digest}.blk"
-        with self._lock:
-            self._names[key] = path
-            self._verified.add(key)
-        self.cache.write_bytes(self.KIND, key, path, data)
-        return data
-
-    def _read(self, key: str) -> bytes | None:
-        with self._lock:
-            path = self._names.get(key)
-        try:
-            data = path.read_bytes() if path is not None else None
-        except OSError:
-            data = None
-        if data is None:
-            self.cache.remove(self.KIND, key, "file missing")
-            return None
-        if key not in self._verified:
-            if hashlib.blake2b(data, digest_size=16).hexdigest() != path.name.split(".")[1]:
-                self.cache.remove(self.KIND, key, f"checksum mismatch in {path}")
-                return None
-            with self._lock:
-                self._verified.add(key)
-        return data

@@ -30,7 +30,7 @@ import boto3
 import botocore.config
 import botocore.exceptions as bce
 from tokenfeed.server import metrics
-from tokenfeed.server.cache import BlockFiles
+from tokenfeed.server.blockfiles import BlockFiles
 from tokenfeed.server.config import ObjectStoreSpec
 from tokenfeed.server.errors import ObjectStoreError, SourceChangedError, SourceError
 from tokenfeed.server.storage import ObjectInfo

@@ -22,7 +22,7 @@ from tokenfeed.server.config import ObjectStoreSpec
 from tokenfeed.server.errors import SourceChangedError, SourceError
 
 if TYPE_CHECKING:
-    from tokenfeed.server.cache import BlockFiles
+    from tokenfeed.server.blockfiles import BlockFiles
 
 
 @dataclass(frozen=True, order=True)

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from tokenfeed.server.cache import DiskCache, Kind, write_atomic
+from tokenfeed.server.cache import DiskCache, Kind
+from tokenfeed.server.diskfiles import write_atomic
 from tokenfeed.server.errors import StoreCorruptError
 
 log = logging.getLogger(__name__)
