@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
@@ -15,6 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
+from tokenfeed.server.describe import job_info, num_sources
 from tokenfeed.server.job import MAX_STEP, READY, Job
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
@@ -39,11 +38,6 @@ STATUS = {
     errors.CacheTooSmallError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
     errors.LocalError: grpc.StatusCode.UNAVAILABLE,
-}
-_STATES = {
-    "indexing": pb.JOB_STATE_INDEXING,
-    "ready": pb.JOB_STATE_READY,
-    "failed": pb.JOB_STATE_FAILED,
 }
 
 
@@ -360,64 +354,3 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         if cached is None or cached[0] is not idx.chunks:  # planned since
             cached = self._sources[idx] = (idx.chunks, num_sources(idx))
         return cached[1]
-
-
-def num_sources(idx: DatasetIndex) -> int:
-    """Distinct source objects of a dataset's chunks: a walk over every chunk."""
-    return len({p.source.uri for c in idx.chunks for p in c.pieces})
-
-
-def _dataset_info(
-    idx: DatasetIndex, weight, sources: Callable[[DatasetIndex], int]
-) -> pb.DatasetInfo:
-    ready = idx.state == READY
-    return pb.DatasetInfo(
-        name=idx.dataset.name,
-        weight=str(weight),
-        fingerprint=idx.fingerprint,
-        num_sources=sources(idx),
-        num_chunks=len(idx.chunks),
-        chunks_indexed=idx.chunks_indexed,
-        num_documents=int(idx.num_docs[idx.num_docs > 0].sum()),
-        num_tokens=int(idx.num_tokens[idx.num_tokens > 0].sum()),
-        rows_per_epoch=idx.rows_per_epoch if ready else 0,
-    )
-
-
-def job_info(job: Job, sources: Callable[[DatasetIndex], int] = num_sources) -> pb.JobInfo:
-    """DescribeJob's answer; `sources` counts a dataset's source objects (the servicer's
-    remembers the count per planned chunk list)."""
-    s = job.spec
-    ready = job.state == READY
-    datasets = [
-        _dataset_info(i, w, sources) for i, w in zip(job.indexes, s.phases[0].weights, strict=True)
-    ]
-    bad = sum((i.bad_records for i in job.indexes), start=collections.Counter())
-    return pb.JobInfo(
-        name=job.name,
-        fingerprint=job.fingerprint,
-        state=_STATES[job.state],
-        error=job.error,
-        seq_len=s.seq_len,
-        global_batch_size=s.global_batch_size,
-        seed=s.seed,
-        packing=s.packing,
-        num_sources=sum(d.num_sources for d in datasets),
-        num_chunks=job.num_chunks,
-        chunks_indexed=job.chunks_indexed,
-        num_documents=sum(d.num_documents for d in datasets),
-        num_tokens=sum(d.num_tokens for d in datasets),
-        rows_per_epoch=sum(d.rows_per_epoch for d in datasets) if ready else 0,
-        steps_per_epoch=job.steps_per_epoch if ready else 0,
-        bad_records=[pb.BadRecordCount(reason=r, count=c) for r, c in sorted(bad.items())],
-        tensor_names=list(job.tensor_names),
-        datasets=datasets,
-        schedule=[
-            pb.Phase(
-                start_step=p.start_step,
-                global_batch_size=p.global_batch_size,
-                weights=[str(w) for w in p.weights],
-            )
-            for p in s.phases
-        ],
-    )
