@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from support import DATA, TOKENIZER
+from support import DATA, TOKENIZER, ServerProcess, job_spec, write_config
 from tokenfeed.client import wire
 from tokenfeed.server import config as configmod
 from tokenfeed.server.app import build_jobs
@@ -93,3 +93,36 @@ def test_golden_batches(tmp_path):
     assert observed["store"] == expected["store"], "token store bytes changed"
     for step, batch in expected["batches"].items():
         assert observed["batches"][step] == batch, f"step {step} changed"
+
+
+def test_golden_batches_as_served(tmp_path):
+    # The same job through a real server: the serialized messages (GetBatch and StreamBatches,
+    # whose token bytes the server appends to the message itself) decode to the golden
+    # batches, fingerprint and tensors alike.
+    expected = json.loads(GOLDEN.read_text())["batches"]
+    jobs = {
+        "golden": job_spec(
+            [DATA / "golden" / "corpus.jsonl"],
+            seq_len=48,
+            global_batch_size=4,
+            seed=1234,
+            chunk_bytes="8KiB",
+            window_chunks=3,
+        )
+    }
+    proc = ServerProcess(
+        write_config(tmp_path / "tf.yaml", jobs, tmp_path / "cache"), tmp_path / "log"
+    )
+    try:
+        assert proc.wait_ready("golden")["state"] == "JOB_STATE_READY", proc.log()
+        with proc.client("golden") as c:
+            unary = {s: c.get_batch(s) for s in FINGERPRINT_STEPS}
+            streamed = {b.step: b for b in c.iter_batches(0, 4)}
+    finally:
+        assert proc.stop() == 0
+    for step, batch in [*unary.items(), *streamed.items()]:
+        want = expected[str(step)]
+        assert (batch.epoch, batch.fingerprint) == (want["epoch"], want["fingerprint"]), step
+        if "input_ids" in want:
+            assert batch["input_ids"].tolist() == want["input_ids"]
+            assert batch["position_ids"][:, :12].tolist() == want["position_ids"]

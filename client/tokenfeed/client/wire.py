@@ -135,17 +135,20 @@ def fingerprint(c: Compact) -> str:
     return h.hexdigest()
 
 
-def encode(c: Compact) -> dict:
-    """The fields of a `tokenfeed.v1.Batch` that carry the compact batch, with its fingerprint."""
+def encode(c: Compact, with_tokens: bool = True) -> dict:
+    """The fields of a `tokenfeed.v1.Batch` that carry the compact batch, with its fingerprint
+    (without `tokens` when `with_tokens` is false: a server appends them to the serialized
+    message itself, copying them once)."""
     dtype = np.dtype(c.tokens.dtype).newbyteorder("<")
     if dtype not in _TOKEN_CODES:
         raise WireError(f"tokens of dtype {c.tokens.dtype} have no wire encoding")
+    tokens = {"tokens": np.ascontiguousarray(c.tokens).tobytes()} if with_tokens else {}
     return {
         "wire_version": WIRE_VERSION,
         "rows": c.rows,
         "seq_len": c.seq_len,
         "token_dtype": _TOKEN_CODES[dtype],
-        "tokens": np.ascontiguousarray(c.tokens).tobytes(),
+        **tokens,
         "starts": c.starts.tobytes(),
         "row_splits": c.row_splits.astype("<i4").tobytes(),
         "padding": b"" if c.padding is None else c.padding.tobytes(),

@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
@@ -96,16 +97,54 @@ def shown(name: str) -> str:
     return f"{name[:MAX_NAME_IN_MESSAGES]!r}… ({len(name)} characters)"
 
 
+def _serialized(message: bytes) -> bytes:
+    """Batches leave the servicer serialized (`batch_message`)."""
+    return message
+
+
+# tokenfeed.v1.Batch's `tokens` field (13), length-delimited.
+_TOKENS_TAG = bytes([13 << 3 | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def batch_message(
+    job: Job, step: int, rank: int, world_size: int, epoch: int, compact: wire.Compact
+) -> tuple[bytes, int]:
+    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays. The token array
+    is appended to the serialized other fields as field 13 (a message's fields may come in any
+    order), so its bytes are copied once, straight from the assembled array (bench/, wire)."""
+    fields = wire.encode(compact, with_tokens=False)
+    head = pb.Batch(
+        job=job.name,
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        epoch=epoch,
+        job_fingerprint=job.fingerprint,
+        **fields,
+    ).SerializeToString()
+    tokens = np.ascontiguousarray(compact.tokens)
+    message = b"".join((head, _TOKENS_TAG, _varint(tokens.nbytes), tokens))
+    payload = tokens.nbytes + sum(len(fields[k]) for k in ("starts", "row_splits", "padding"))
+    return message, payload
+
+
 def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
     """The TokenFeed service on `server`, with request parsers that turn undecodable bytes into
     INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {
-        "GetBatch": unary(
-            servicer.GetBatch, _parse(pb.GetBatchRequest), pb.Batch.SerializeToString
-        ),
+        "GetBatch": unary(servicer.GetBatch, _parse(pb.GetBatchRequest), _serialized),
         "StreamBatches": stream(
-            servicer.StreamBatches, _parse(pb.StreamBatchesRequest), pb.Batch.SerializeToString
+            servicer.StreamBatches, _parse(pb.StreamBatchesRequest), _serialized
         ),
         "DescribeJob": unary(
             servicer.DescribeJob, _parse(pb.DescribeJobRequest), pb.JobInfo.SerializeToString
@@ -183,52 +222,42 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _batch(
-        self, job: Job, step: int, rank: int, world_size: int, context, training: bool = True
-    ) -> pb.Batch:
-        """One rank's batch. Only training requests (not Explain) move the job's progress,
-        which prefetch and eviction follow."""
-        [batch] = await self._batches(job, [step], rank, world_size, context, training)
-        return batch
-
-    async def _batches(
-        self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool = True
-    ) -> list[pb.Batch]:
-        """Several steps' batches of one rank (of the same batch size), planned and assembled
-        in one pass."""
+    async def _built(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool
+    ) -> list[tuple[int, wire.Compact]]:
+        """(epoch, compact batch) of several steps of one rank (of the same batch size),
+        planned and assembled in one pass. Only training requests (not Explain) move the job's
+        progress, which prefetch and eviction follow."""
         plan = await job.plan_when_built(steps, rank, world_size, self._wait(context))
         if training:
             for step in steps:
                 job.note_request(step, rank, world_size)
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
-            built = job.assemble_steps(plan, len(steps))
-        per_step = plan.rows // len(steps)
+            return job.assemble_steps(plan, len(steps))
+
+    async def _batches(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context
+    ) -> list[bytes]:
+        """Several steps' batches of one rank, as serialized messages."""
+        built = await self._built(job, steps, rank, world_size, context, training=True)
         out, tokens, sent = [], 0, 0
         for step, (epoch, compact) in zip(steps, built, strict=True):
-            fields = wire.encode(compact)
-            tokens += per_step * job.spec.seq_len
-            sent += sum(len(fields[k]) for k in ("tokens", "starts", "row_splits", "padding"))
-            batch = pb.Batch(
-                job=job.name,
-                step=step,
-                rank=rank,
-                world_size=world_size,
-                epoch=epoch,
-                job_fingerprint=job.fingerprint,
-                **fields,
-            )
-            out.append(batch)
+            message, payload = batch_message(job, step, rank, world_size, epoch, compact)
+            out.append(message)
+            tokens += compact.rows * compact.seq_len
+            sent += payload
         job.note_served(tokens)
         metrics.SERVED_TOKENS.labels(job.name).inc(tokens)
         metrics.SERVED_BYTES.labels(job.name).inc(sent)
         return out
 
     @_unary
-    async def GetBatch(self, request: pb.GetBatchRequest, context) -> pb.Batch:
+    async def GetBatch(self, request: pb.GetBatchRequest, context) -> bytes:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        return await self._batch(job, request.step, request.rank, ws, context)
+        [message] = await self._batches(job, [request.step], request.rank, ws, context)
+        return message
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
         try:
@@ -299,7 +328,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        batch = await self._batch(job, request.step, request.rank, ws, context, training=False)
+        [(_, compact)] = await self._built(job, [request.step], request.rank, ws, context, False)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
         return pb.Explanation(
@@ -307,7 +336,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             step=request.step,
             rank=request.rank,
             world_size=ws,
-            fingerprint=batch.fingerprint,
+            fingerprint=wire.fingerprint(compact),
             rows=[
                 pb.RowExplanation(
                     row=r["row"],
