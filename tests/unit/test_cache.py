@@ -167,9 +167,9 @@ def check_totals(cache: DiskCache, root: Path) -> None:
     counted = cache.recount()
     assert cache.usage() == counted
     assert cache.used == sum(b for _, b in counted.values())
-    entries = dict(cache._entries)
-    assert cache._fixed == sum(e.size for e in entries.values() if not e.evictable)
-    assert set(cache._evictable) == {k for k, e in entries.items() if e.evictable}
+    entries = dict(cache.ledger.entries)
+    assert cache.ledger.fixed == sum(e.size for e in entries.values() if not e.evictable)
+    assert set(cache.ledger.evictable) == {k for k, e in entries.items() if e.evictable}
     assert not cache._deleting and cache._deleting_bytes == 0
     assert files_bytes(root) <= cache.budget
 
@@ -271,8 +271,8 @@ def test_the_serving_path_never_walks_the_entries(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cache, "_candidates_locked", candidates)
     monkeypatch.setattr(cache, "recount", lambda: calls.__setitem__("recount", 1))
-    monkeypatch.setattr(cache, "_entries", NoWalk(cache._entries))
-    monkeypatch.setattr(cache, "_evictable", NoWalk(cache._evictable))
+    monkeypatch.setattr(cache.ledger, "entries", NoWalk(cache.ledger.entries))
+    monkeypatch.setattr(cache.ledger, "evictable", NoWalk(cache.ledger.evictable))
     for i in range(200):  # what every batch does: pin, look up, unpin
         with cache.pinned([("block", f"k{i}"), ("chunk", f"c{i}")]):
             assert cache.lookup("block", f"k{i}") and cache.contains("block", f"k{i}")
@@ -292,7 +292,7 @@ def test_making_room_walks_the_evictable_entries_only(tmp_path, monkeypatch):
     walked: list[int] = []
     real = cache._candidates_locked
     monkeypatch.setattr(cache, "_candidates_locked", lambda: walked.append(1) or real())
-    monkeypatch.setattr(cache, "_entries", NoWalk(cache._entries))
+    monkeypatch.setattr(cache.ledger, "entries", NoWalk(cache.ledger.entries))
     put_block(blocks, "k3", 3000)  # over the budget: one block goes, found among 3 entries
     assert walked == [1] and cache.evictions == 1
     assert len(real()) == 3 and cache.usage()["manifest"] == (5000, 50_000)

@@ -1,41 +1,22 @@
-"""The disk cache's mechanics: one directory, one byte budget, entries of several kinds.
+"""The disk cache's mechanics: one directory, one byte budget, entries of several kinds
+(`block`, `chunk`, `manifest`: docs/storage-and-cache.md).
 
-Kinds: `block` (aligned byte ranges of objects fetched from object storage, stored here),
-`chunk` (a token chunk's body: `.bin`, `.idx`, `.rec`, stored by tokstore.py) and `manifest`
-(a token chunk's small JSON manifest: counted in the budget, never evicted, since the index a
-job is computed from must survive evictions and restarts).
+- Budget: a write reserves its size first, evicting until `used + reserved + size <= budget`;
+  if pinned and unevictable entries leave no room, it fails with `CacheFullError` (the bytes
+  needed), never a wait that could deadlock.
+- Pins (entries being read are never evicted) and single flight (concurrent misses on one key
+  run its fill once).
+- Which entry to evict is the policy's choice (eviction.py: next use, Belady); ties and unknown
+  entries go least recently used first.
+- O(1) per request: entries and bytes per kind and the unevictable bytes are running totals;
+  only making room walks the entries (the evictable ones), only when the budget is exceeded.
+- Deletion: an entry leaves the accounting under the lock and is marked "being deleted"; its
+  files are deleted once the lock is released. Until then its bytes count against the budget
+  and a fill of its key waits, so the deletion never removes a rebuilt entry's files.
 
-- Budget: before an entry is written, its size is reserved, evicting until
-  `used + reserved + size <= budget`; so the directory never holds more than the budget, even
-  while writes are in flight. If the pinned and unevictable entries leave no room, the write
-  fails with `CacheFullError` giving the bytes needed: never a wait that could deadlock.
-- Pins: an entry being read is pinned (a count) and never evicted.
-- Single flight: concurrent misses on one key run the fill once; the others wait for it.
-- Which entry to evict is not decided here: the policy (eviction.py) ranks candidates by when
-  they will next be needed. Ties and entries the policy does not know go least recently used
-  first.
-- On start every kind rescans its files (dropping temporary and corrupt ones) and reports the
-  entries it keeps.
-
-Cost per request: O(1). Entries, bytes per kind and the bytes of unevictable entries are
-running totals kept as entries come and go, the gauges are set from them as they change (the
-pinned bytes at scrape time); nothing on the serving path (`pinned`, `lookup`, `contains`)
-walks the entries. Only making room walks them, and only when the budget is exceeded: then
-the evictable entries alone (bounded by the budget), never the manifests (one per chunk of
-the corpus, kept).
-
-Deletion: an entry leaves the accounting under the lock (evicted, or removed as corrupt) and
-is marked "being deleted"; its files are deleted after the lock is released, then the mark is
-cleared. While marked, the key is absent (`contains`/`lookup` say so), its bytes still count
-against the budget (the files are still on disk; a writer that needs their room waits for the
-deletion), and a fill of it (`fill_once`) waits for the deletion, so the deletion never
-removes a rebuilt entry's files.
-
-Lock order: `DiskCache._lock`, then only the locks the policy and the eviction listeners take
-(a job's LRU of mapped chunks), which are called with it held and must not call back into the
-cache. It is never held while calling a fill function or a kind's `scan` or `delete` (file
-I/O, under the kind's own lock, e.g. BlockFiles._lock, itself never held while calling the
-cache), nor while waiting for a fill or a deletion.
+Lock order (docs/architecture.md): `DiskCache._lock`, then only the locks that the policy and
+the eviction listeners take. Never held while calling a fill, a kind's `scan` or `delete`, or
+while waiting for a fill or a deletion.
 """
 
 from __future__ import annotations
@@ -46,29 +27,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenfeed.server import metrics
 from tokenfeed.server.diskfiles import write_atomic
 from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
+from tokenfeed.server.ledger import Entry, EntryKey, Ledger
 
 if TYPE_CHECKING:
-    from prometheus_client import Gauge
+    pass
 
 log = logging.getLogger(__name__)
 
-EntryKey = tuple[str, str]  # (kind, key)
 # Next use of each candidate, in steps from now (math.inf: not needed again as far as known).
 Policy = Callable[[list[EntryKey]], list[float]]
-
-
-@dataclass
-class _Entry:
-    size: int
-    evictable: bool
-    used: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -88,10 +62,7 @@ class DiskCache:
         self.root.mkdir(parents=True, exist_ok=True)
         self.budget = budget
         self._lock = threading.Lock()
-        self._entries: dict[EntryKey, _Entry] = {}
-        # The keys of the evictable entries (insertion-ordered): what making room walks, never
-        # the manifests, which are one per chunk of the corpus and kept.
-        self._evictable: dict[EntryKey, None] = {}
+        self.ledger = Ledger()  # what is cached, with running totals (lock held to use it)
         self._pins: dict[EntryKey, int] = {}
         self._claims: dict[str, int] = {}
         self._kinds: dict[str, Kind] = {}
@@ -102,12 +73,6 @@ class DiskCache:
         self._deleting: dict[EntryKey, threading.Event] = {}  # evicted, files not yet deleted
         self._deleting_sizes: dict[EntryKey, int] = {}
         self._deleting_bytes = 0  # their size: still on disk, so still counted against the budget
-        # Running totals (lock held to change them): kind -> [entries, bytes]; all bytes; the
-        # bytes of unevictable entries.
-        self._totals: dict[str, list[int]] = {}
-        self._used = 0
-        self._fixed = 0
-        self._gauges: dict[str, tuple[Gauge, Gauge]] = {}  # kind -> (entries, bytes) children
         self.evictions = 0
         metrics.CACHE_BUDGET_BYTES.set(budget)
         metrics.CACHE_PINNED_BYTES.set_function(self._pinned_bytes)
@@ -119,10 +84,9 @@ class DiskCache:
         found = list(kind.scan())
         with self._lock:
             self._kinds[kind.name] = kind
-            self._totals.setdefault(kind.name, [0, 0])
-            self._gauge(kind.name)
+            self.ledger.add_kind(kind.name)
             for key, size in found:
-                self._add_locked((kind.name, key), _Entry(size, kind.evictable))
+                self.ledger.add((kind.name, key), Entry(size, kind.evictable))
         if found:
             log.info(
                 "cache: kept %d %s entries (%d bytes) from %s",
@@ -145,7 +109,7 @@ class DiskCache:
     def lookup(self, kind: str, key: str, count: bool = True) -> bool:
         """Whether the entry is present (marking it used), counting a hit or a miss."""
         with self._lock:
-            entry = self._entries.get((kind, key))
+            entry = self.ledger.entries.get((kind, key))
             if entry is not None:
                 entry.used = time.monotonic()
         if count:
@@ -154,7 +118,7 @@ class DiskCache:
 
     def contains(self, kind: str, key: str) -> bool:
         with self._lock:
-            return (kind, key) in self._entries
+            return (kind, key) in self.ledger.entries
 
     @contextmanager
     def pinned(self, entries: Iterable[EntryKey]) -> Iterator[None]:
@@ -180,7 +144,7 @@ class DiskCache:
         many threads miss the same key at the same time."""
         while True:
             with self._lock:
-                if (kind, key) in self._entries:
+                if (kind, key) in self.ledger.entries:
                     return
                 # An entry whose files are still being deleted after its eviction is waited for
                 # like a fill in flight, so the deletion never removes the new files.
@@ -207,7 +171,7 @@ class DiskCache:
         with self._lock:
             if entry in self._pins or self._policy is None:
                 return True
-            excess = self._used + self._deleting_bytes + self._reserved + size - self.budget
+            excess = self.ledger.used + self._deleting_bytes + self._reserved + size - self.budget
             if excess <= 0:
                 return True
             candidates = self._candidates_locked()
@@ -238,14 +202,14 @@ class DiskCache:
     def commit(self, kind: str, key: str, size: int) -> None:
         """Account for a complete entry whose files are in place (written under `reserving`)."""
         with self._lock:
-            self._add_locked((kind, key), _Entry(size, self._kinds[kind].evictable))
+            self.ledger.add((kind, key), Entry(size, self._kinds[kind].evictable))
 
     def remove(self, kind: str, key: str, why: str) -> None:
         """Forget a partial or corrupt entry and delete its files (the kind's `delete`, after
         the lock is released, like an eviction's); they are gone when this returns."""
         entry_key = (kind, key)
         with self._lock:
-            entry = self._pop_locked(entry_key)
+            entry = self.ledger.pop(entry_key)
             if entry is not None:
                 metrics.CACHE_DROPPED.labels(kind).inc()
                 for listener in self._listeners:
@@ -271,7 +235,7 @@ class DiskCache:
         flight), refusing if the claims and the unevictable entries exceed the budget."""
         with self._lock:
             others = sum(v for k, v in self._claims.items() if k != owner)
-            fixed = self._fixed
+            fixed = self.ledger.fixed
             need = others + fixed + working_set
             if need > self.budget:
                 raise CacheTooSmallError(
@@ -293,13 +257,13 @@ class DiskCache:
         with self._lock:
             found = [
                 (k, e)
-                for k, e in self._entries.items()
+                for k, e in self.ledger.entries.items()
                 if k[0] == kind and not e.evictable and not referenced(k[1])
             ]
             for k, entry in found:
                 entry.evictable = True
-                self._evictable[k] = None
-                self._fixed -= entry.size
+                self.ledger.evictable[k] = None
+                self.ledger.fixed -= entry.size
         return len(found)
 
     # ------------------------------------------------------------ state
@@ -307,64 +271,22 @@ class DiskCache:
     @property
     def used(self) -> int:
         with self._lock:
-            return self._used
+            return self.ledger.used
 
     def usage(self) -> dict[str, tuple[int, int]]:
         """kind -> (entries, bytes)."""
         with self._lock:
-            return {kind: (n, b) for kind, (n, b) in self._totals.items()}
+            return self.ledger.usage()
 
     def recount(self) -> dict[str, tuple[int, int]]:
         """kind -> (entries, bytes) counted entry by entry (tests: the totals must equal it)."""
         with self._lock:
-            out = {name: (0, 0) for name in self._kinds}
-            for (kind, _), e in self._entries.items():
-                n, b = out.get(kind, (0, 0))
-                out[kind] = (n + 1, b + e.size)
-            return out
-
-    def _add_locked(self, key: EntryKey, entry: _Entry) -> None:
-        """Account for an entry (lock held); replaces any entry of the same key."""
-        self._pop_locked(key)
-        self._entries[key] = entry
-        if entry.evictable:
-            self._evictable[key] = None
-        totals = self._totals.setdefault(key[0], [0, 0])
-        totals[0] += 1
-        totals[1] += entry.size
-        self._used += entry.size
-        self._fixed += 0 if entry.evictable else entry.size
-        self._gauge(key[0])
-
-    def _pop_locked(self, key: EntryKey) -> _Entry | None:
-        """Forget an entry in the accounting (lock held); its files are the caller's."""
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._evictable.pop(key, None)
-            totals = self._totals[key[0]]
-            totals[0] -= 1
-            totals[1] -= entry.size
-            self._used -= entry.size
-            self._fixed -= 0 if entry.evictable else entry.size
-            self._gauge(key[0])
-        return entry
-
-    def _gauge(self, kind: str) -> None:
-        """Set the kind's gauges from its running totals (lock held): O(1)."""
-        gauges = self._gauges.get(kind)
-        if gauges is None:
-            gauges = self._gauges[kind] = (
-                metrics.CACHE_ENTRIES.labels(kind),
-                metrics.CACHE_BYTES.labels(kind),
-            )
-        n, b = self._totals[kind]
-        gauges[0].set(n)
-        gauges[1].set(b)
+            return self.ledger.recount(list(self._kinds))
 
     def _pinned_bytes(self) -> int:
         """At scrape time: bytes of the pinned entries (a few batches' chunks)."""
         with self._lock:
-            return sum(self._entries[k].size for k in self._pins if k in self._entries)
+            return sum(self.ledger.entries[k].size for k in self._pins if k in self.ledger.entries)
 
     # ------------------------------------------------------------ eviction
 
@@ -382,13 +304,15 @@ class DiskCache:
         """Evict until `size` more bytes fit (lock held): the evicted entries leave the
         accounting now; the caller deletes their files (`_delete`) once the lock is released.
         Walks the entries only when the budget is exceeded."""
-        used = self._used + self._deleting_bytes  # files of evicted entries not deleted yet count
+        used = (
+            self.ledger.used + self._deleting_bytes
+        )  # files of evicted entries not deleted yet count
         excess = used + self._reserved + size - self.budget
         if excess <= 0:
             return []
         candidates = self._candidates_locked()
-        if sum(self._entries[k].size for k in candidates) < excess:
-            stuck = used - sum(self._entries[k].size for k in candidates)
+        if sum(self.ledger.entries[k].size for k in candidates) < excess:
+            stuck = used - sum(self.ledger.entries[k].size for k in candidates)
             raise CacheFullError(
                 f"disk cache budget {self.budget} bytes cannot hold {size} more bytes for "
                 f"{why}: {stuck} bytes are pinned or unevictable and {self._reserved} reserved "
@@ -397,7 +321,7 @@ class DiskCache:
             )
         victims = self._victims(candidates, excess)
         for victim in victims:
-            entry = self._pop_locked(victim)
+            entry = self.ledger.pop(victim)
             self._mark_deleting_locked(victim, entry.size)
             self.evictions += 1
             metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
@@ -409,7 +333,7 @@ class DiskCache:
     def _candidates_locked(self) -> list[EntryKey]:
         """What may be evicted now (lock held): the evictable entries not pinned. O(evictable
         entries), called only when the budget is exceeded."""
-        return [k for k in self._evictable if k not in self._pins]
+        return [k for k in self.ledger.evictable if k not in self._pins]
 
     def _mark_deleting_locked(self, key: EntryKey, size: int) -> None:
         """An entry gone from the accounting whose files are about to be deleted (lock held):
@@ -441,10 +365,10 @@ class DiskCache:
         now = time.monotonic()
 
         def size(k: EntryKey) -> int:
-            return incoming[k] if k in incoming else self._entries[k].size
+            return incoming[k] if k in incoming else self.ledger.entries[k].size
 
         def used(k: EntryKey) -> float:
-            return now if k in incoming else self._entries[k].used
+            return now if k in incoming else self.ledger.entries[k].used
 
         ranked = sorted(zip(candidates, future, strict=True), key=lambda kf: (-kf[1], used(kf[0])))
         victims, freed = [], 0

@@ -20,8 +20,8 @@ from tokenfeed.server import order
 from tokenfeed.server.index import FAILED, READY
 
 if TYPE_CHECKING:
-    from tokenfeed.server.cache import EntryKey
     from tokenfeed.server.job import Job
+    from tokenfeed.server.ledger import EntryKey
 
 
 class FutureUse:
