@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 from tokenfeed.client._client import _to_dict
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._session import CHANNEL_OPTIONS, ClientBase
+from tokenfeed.client._session import ClientBase, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded, TokenfeedClientError, from_rpc_error
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -33,7 +33,8 @@ class AsyncClient(ClientBase):
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
         if addr not in self._stubs:
-            channel = self.credentials.aio_channel(addr, CHANNEL_OPTIONS)
+            options = channel_options(self.session.policy)
+            channel = self.credentials.aio_channel(addr, options)
             self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
         return self._stubs[addr][1]
 
@@ -56,6 +57,7 @@ class AsyncClient(ClientBase):
                 await asyncio.sleep(servers)
                 continue
             for addr in servers:
+                await asyncio.sleep(self.session.pause_before(addr, deadline))
                 if time.monotonic() >= deadline:
                     break
                 try:
@@ -69,7 +71,7 @@ class AsyncClient(ClientBase):
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
                         raise last from None
-                    self.session.mark_failed(addr)
+                    self.session.mark_failed(addr, last)
         raise self.session.give_up(job, last)
 
     async def get_batch(
@@ -127,6 +129,7 @@ class AsyncClient(ClientBase):
                         await asyncio.sleep(servers)
                         continue
                     for addr in servers:
+                        await asyncio.sleep(self.session.pause_before(addr, deadline))
                         step, last = await self._stream(out, addr, job, step, end, rank, world)
                         if last is None or step > before:
                             break
@@ -170,5 +173,5 @@ class AsyncClient(ClientBase):
             # A stream we did not cancel was cut by the server: draining, or dying.
             if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
                 raise err from None
-            self.session.mark_failed(addr)
+            self.session.mark_failed(addr, err)
             return step, err

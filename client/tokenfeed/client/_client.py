@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf import json_format
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._session import CHANNEL_OPTIONS, ClientBase
+from tokenfeed.client._session import ClientBase, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -32,21 +32,23 @@ class Client(ClientBase):
 
     def __init__(self, target: str, job: str | None = None, **options):
         """Options: timeout, attempt_timeout, prefetch, verify, backoff, max_backoff,
-        suspect_seconds; credentials: tls, tls_root_certs, tls_client_cert, tls_client_key,
-        tls_server_name, token, token_file (docs/client.md)."""
+        suspect_seconds, max_pushback, keepalive_seconds, keepalive_timeout_seconds;
+        credentials: tls, tls_root_certs, tls_client_cert, tls_client_key, tls_server_name,
+        token, token_file (docs/client.md)."""
         self.credentials = Credentials.from_options(target, options)
         super().__init__(target, job, **options)
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
         self._streams: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
         self._closed = False
         self._lock = threading.Lock()
+        self._channel_options = channel_options(self.session.policy)
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
         with self._lock:
             if self._closed:
                 raise ValueError("this Client is closed")
             if addr not in self._stubs:
-                channel = self.credentials.channel(addr, CHANNEL_OPTIONS)
+                channel = self.credentials.channel(addr, self._channel_options)
                 self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
             return self._stubs[addr][1]
 
@@ -76,6 +78,7 @@ class Client(ClientBase):
                 time.sleep(servers)
                 continue
             for addr in servers:
+                time.sleep(self.session.pause_before(addr, deadline))
                 if time.monotonic() >= deadline:
                     break
                 try:
@@ -89,7 +92,7 @@ class Client(ClientBase):
                     last = from_rpc_error(e, addr)
                     if not last.retryable:
                         raise last from None
-                    self.session.mark_failed(addr)
+                    self.session.mark_failed(addr, last)
         raise self.session.give_up(job, last)
 
     def get_batch(
@@ -220,7 +223,7 @@ class _Prefetcher:
                     return True
                 continue
             for addr in servers:
-                if self._stop.is_set():
+                if self._stop.wait(self.session.pause_before(addr, deadline)):
                     return True
                 before = self.step
                 try:
@@ -234,7 +237,7 @@ class _Prefetcher:
                     if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
                         raise err from None
                     self._last = err
-                    self.session.mark_failed(addr)
+                    self.session.mark_failed(addr, err)
                     if self.step > before:
                         return True
         self._last = self.session.give_up(self.job, self._last)

@@ -4,6 +4,8 @@
   recently moved to the back for `suspect_seconds`;
 - when to give up: retryable codes only, exponential backoff with jitter after each full round
   of servers, an overall deadline that progress (a delivered batch) renews;
+- when to ask a server again: not before the end of the retry pushback it sent;
+- how a hung server is noticed: keepalive pings on every channel (channel_options);
 - what a batch must agree with: the first job fingerprint seen for each job.
 """
 
@@ -34,6 +36,28 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def channel_options(policy: Policy) -> list[tuple[str, int]]:
+    """CHANNEL_OPTIONS and the policy's keepalive pings.
+
+    A hung server (stopped, swapped out, its host gone without a FIN) keeps the connection
+    open and answers nothing; a ping it does not acknowledge within the timeout closes the
+    connection, every call on it fails UNAVAILABLE, and the client moves on. gRPC core
+    acknowledges pings on its own threads, so a server busy in a slow handler still answers
+    them: a slow step is never taken for a hung server."""
+    if not policy.keepalive_seconds:
+        return list(CHANNEL_OPTIONS)
+    return [
+        *CHANNEL_OPTIONS,
+        ("grpc.keepalive_time_ms", int(policy.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int(policy.keepalive_timeout_seconds * 1000)),
+        # grpc 1.85 times a keepalive ping's answer with the general ping timeout (60 s by
+        # default) rather than keepalive_timeout_ms: both are set.
+        ("grpc.http2.ping_timeout_ms", int(policy.keepalive_timeout_seconds * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),  # a hung idle server is found before a call
+        ("grpc.http2.max_pings_without_data", 0),  # keep pinging through a long silent call
+    ]
+
+
 @dataclass(frozen=True)
 class Policy:
     timeout: float = 60.0  # overall, per call (or per stream without progress)
@@ -45,6 +69,15 @@ class Policy:
     max_backoff: float = 2.0
     suspect_seconds: float = 10.0
     verify: bool = True
+    # The longest wait a server's retry pushback imposes before that server is asked again:
+    # its estimate of when a step's chunks are built is rough, and asking again costs one call.
+    max_pushback: float = 10.0
+    # Ping every 5 s, the most often tokenfeed servers accept (server.limits.min_ping_seconds),
+    # and drop a connection whose ping is unanswered after 3 s: a hung server is left within
+    # 8 s. Acknowledging a ping takes the server's gRPC core microseconds, even when loaded.
+    # keepalive_seconds=0 turns the pings off.
+    keepalive_seconds: float = 5.0
+    keepalive_timeout_seconds: float = 3.0
 
 
 class Session:
@@ -52,19 +85,38 @@ class Session:
         self.fleet = Fleet(target, refresh_seconds)
         self.policy = policy
         self._suspects: dict[str, float] = {}
+        self._not_before: dict[str, float] = {}  # the end of each server's retry pushback
         self._fingerprints: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def mark_failed(self, addr: str) -> None:
+    def mark_failed(self, addr: str, error: Exception | None = None) -> None:
+        """`addr` failed: to the back of every ranking for a while, and not asked again before
+        the end of the pushback its error carries (capped at `max_pushback`)."""
+        now = time.monotonic()
+        pushback = min(getattr(error, "retry_after", 0.0), self.policy.max_pushback)
         with self._lock:
-            self._suspects[addr] = time.monotonic() + self.policy.suspect_seconds
+            self._suspects[addr] = now + self.policy.suspect_seconds
+            if pushback > 0:
+                self._not_before[addr] = now + pushback
 
     def order(self, job: str, rank: int, force: bool = False) -> list[str]:
         ranked = self.fleet.ranked(job, rank, force)
         now = time.monotonic()
         with self._lock:
             healthy = [a for a in ranked if self._suspects.get(a, 0) <= now]
-        return healthy + [a for a in ranked if a not in healthy]
+            # Among the suspects, those free to be asked now come first.
+            rest = sorted(
+                (a for a in ranked if a not in healthy), key=lambda a: self._not_before.get(a, 0)
+            )
+        return healthy + rest
+
+    def pause_before(self, addr: str, deadline: float) -> float:
+        """Seconds to wait before asking `addr`: what is left of its pushback, never past the
+        call's deadline."""
+        now = time.monotonic()
+        with self._lock:
+            until = min(self._not_before.get(addr, 0.0), deadline)
+        return max(until - now, 0.0)
 
     def rounds(self, job: str, rank: int, deadline: float) -> Iterator[list[str] | float]:
         """Yields server lists to try, with sleeps (floats, seconds) between rounds, until
@@ -137,10 +189,23 @@ class ClientBase:
         backoff: float = 0.05,
         max_backoff: float = 2.0,
         suspect_seconds: float = 10.0,
+        max_pushback: float = Policy.max_pushback,
+        keepalive_seconds: float = Policy.keepalive_seconds,
+        keepalive_timeout_seconds: float = Policy.keepalive_timeout_seconds,
     ):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        policy = Policy(timeout, attempt_timeout, backoff, max_backoff, suspect_seconds, verify)
+        policy = Policy(
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            suspect_seconds=suspect_seconds,
+            verify=verify,
+            max_pushback=max_pushback,
+            keepalive_seconds=keepalive_seconds,
+            keepalive_timeout_seconds=keepalive_timeout_seconds,
+        )
         self.session = Session(target, policy)
         self.target, self.job, self.prefetch = target, job, prefetch
 

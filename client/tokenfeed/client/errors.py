@@ -17,10 +17,13 @@ class TokenfeedClientError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
     retryable = False
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, retry_after: float = 0.0):
         super().__init__(message)
         if code is not None:
             self.code = code
+        # Seconds the server asked us to wait before asking it again (its
+        # grpc-retry-pushback-ms trailer, e.g. while the step's chunks are being built).
+        self.retry_after = retry_after
 
 
 class InvalidRequest(TokenfeedClientError):
@@ -63,4 +66,20 @@ def from_rpc_error(err: grpc.RpcError, server: str = "") -> TokenfeedClientError
     details = err.details() if hasattr(err, "details") else str(err)
     cls = _BY_CODE.get(code, TokenfeedClientError)
     where = f" (from {server})" if server else ""
-    return cls(f"{code.name}: {details}{where}", code)
+    return cls(f"{code.name}: {details}{where}", code, pushback(err))
+
+
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def pushback(err: grpc.RpcError) -> float:
+    """The server's retry pushback in seconds (0 when it sent none, or sent garbage)."""
+    trailing = getattr(err, "trailing_metadata", None)
+    for key, value in (trailing() if trailing else None) or ():
+        if key == PUSHBACK_KEY:
+            try:
+                ms = int(value)
+            except ValueError:
+                return 0.0
+            return max(ms, 0) / 1000
+    return 0.0
