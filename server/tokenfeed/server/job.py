@@ -114,6 +114,12 @@ class Job:
                 raw = self.storage.read_object(path)[1]
             except OSError as e:  # a local disk or network failure: worth another try
                 raise ObjectStoreError(f"cannot read {path}: {e}") from e
+            except SourceError as e:  # not there: say which key names it, not "a source"
+                why = getattr(e.__cause__, "strerror", None) or str(e)
+                raise SourceError(
+                    f"jobs.{self.name}.tokenizer.path: no tokenizer file at {path} ({why}); "
+                    "set it to the path or object-store URI of a tokenizer.json"
+                ) from e
             self.tokenizer = self.rows.tokenizer = TextTokenizer(self.spec.tokenizer, raw)
             for idx in self.indexes:
                 idx.tokenizer = self.tokenizer
