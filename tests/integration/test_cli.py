@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
+import signal
 import subprocess
 import sys
 
@@ -27,6 +30,10 @@ def test_inspect_prints_rows_decoded_back_to_text(tmp_path, texts):
     )
     assert out.returncode == 0, out.stderr
     assert "job j step 2 rank 0/1: 8 rows x 64 tokens" in out.stdout
+    # before it tokenizes, it says so and how to avoid it; after, what it built
+    notice, *_, done = [ln for ln in out.stderr.splitlines() if ln.startswith("inspect:")]
+    assert "building job j's index here first" in notice and "--target" in notice, out.stderr
+    assert re.fullmatch(r"inspect: job j: \d+ chunks indexed in [\d.]+s", done), out.stderr
     rows = out.stdout.split("--- row ")[1:]
     assert len(rows) == 3
     for row in rows:
@@ -140,6 +147,71 @@ def test_demo_runs_end_to_end(tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    # the job is described once built: the whole corpus's sizes, never 0 steps per epoch
+    sizes = re.search(
+        r"job demo: \d+ chunks, (\d+) documents, .* (\d+) steps per epoch", out.stdout
+    )
+    assert sizes, out.stdout
+    documents, steps = (int(n) for n in sizes.groups())
+    assert steps > 0 and documents == int(re.search(r"corpus: (\d+) documents", out.stdout)[1])
     assert "same request again, same bytes: True" in out.stdout
     assert "streamed 30 steps:" in out.stdout and "M tokens/s" in out.stdout
     assert "server drained and exited with code 0" in out.stdout
+
+
+def test_version():
+    out = tokenfeed("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"tokenfeed {importlib.metadata.version('tokenfeed')}\n"
+
+
+def with_stdout_closed(*args: str) -> tuple[int, str]:
+    """The command run with nobody reading its output: the pipe is closed before it writes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    return proc.wait(timeout=120), err
+
+
+def test_output_cut_short_ends_quietly(server):
+    """`tokenfeed explain ... | head`: the reader leaves early; no traceback, the exit status of
+    a process that SIGPIPE ended, like any command in a pipeline."""
+    cfg = server.log_path.parent / "tf.yaml"
+    target = ("--target", server.address)
+    commands = {
+        "explain": ("explain", *target, "--job", "main", "--step", "3"),
+        "explain --json": ("explain", *target, "--job", "main", "--json"),
+        "describe": ("describe", *target),
+        "inspect": ("inspect", "--config", str(cfg), "--job", "main", *target),
+    }
+    for name, args in commands.items():
+        code, err = with_stdout_closed(*args)
+        assert code == 128 + signal.SIGPIPE, (name, code, err)
+        assert "Traceback" not in err and "Broken" not in err and "ignored" not in err, err
+    head = subprocess.run(
+        [sys.executable, "-m", "tokenfeed.server.cli", *commands["explain"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert head.returncode == 0 and head.stdout.startswith("job main step 3 rank 0/1"), head
+
+
+def test_a_missing_tokenizer_names_its_key_and_file(tmp_path, corpus):
+    missing = tmp_path / "models" / "tokenizer.json"
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"j": job_spec([corpus / "*"], tokenizer=str(missing))},
+        tmp_path / "cache",
+    )
+    out = tokenfeed("inspect", "--config", str(cfg), "--job", "j")
+    assert out.returncode == 2, out.stderr
+    error = out.stderr.strip().splitlines()[-1]
+    assert "jobs.j.tokenizer.path" in error and str(missing) in error, error
+    assert "No such file" in error and "path or object-store URI of a tokenizer.json" in error
+    assert "source" not in error, error

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import json
 import logging
+import os
+import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tokenfeed.client.errors import TokenfeedClientError
@@ -37,20 +41,51 @@ def cmd_serve(args) -> int:
     return 0
 
 
+# Seconds between two progress lines of a long step.
+PROGRESS_SECONDS = 2.0
+
+
+def _say(line: str) -> None:
+    """A progress line: on stderr, so that stdout stays the command's answer."""
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _report_build(job, what: str, started: float) -> None:
+    """Progress lines while a job's index builds, until cancelled."""
+    while True:
+        await asyncio.sleep(PROGRESS_SECONDS)
+        planned = f"{job.chunks_indexed}/{job.num_chunks} chunks" if job.num_chunks else "listing"
+        _say(f"{what}: job {job.name}: {planned} indexed, {time.monotonic() - started:.0f}s")
+
+
 def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, world: int):
     """Build the job's index in this process and compute the batch, with no server."""
     from tokenfeed.server.app import build_jobs
 
     spec = cfg.job(job_name)
+    _say(
+        f"inspect: no --target: building job {spec.name}'s index here first, tokenizing every "
+        f"chunk not already in {cfg.server.cache_dir}; --target HOST:PORT asks a running "
+        "server instead and prints at once"
+    )
     job = build_jobs(dataclasses.replace(cfg, jobs=(spec,)))[spec.name]
+    started = time.monotonic()
 
     async def build() -> None:
-        with ThreadPoolExecutor(cfg.server.tokenize_threads) as pool:
-            await job.build_index(pool, cfg.server.tokenize_threads, retry=False)
+        report = asyncio.create_task(_report_build(job, "inspect", started))
+        try:
+            with ThreadPoolExecutor(cfg.server.tokenize_threads) as pool:
+                await job.build_index(pool, cfg.server.tokenize_threads, retry=False)
+        finally:
+            report.cancel()
         if job.state == "failed":
             raise JobFailedError(job.error)
 
     asyncio.run(build())
+    _say(
+        f"inspect: job {job.name}: {job.num_chunks} chunks indexed in "
+        f"{time.monotonic() - started:.1f}s"
+    )
     return job, job.batch(step, rank, world)[1]
 
 
@@ -132,8 +167,33 @@ def cmd_describe(args) -> int:
     return 0
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("tokenfeed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
+def _output_closed() -> int:
+    """The reader of our output went away (`tokenfeed explain ... | head`): what it did not read
+    is not an error. Exits as a process killed by SIGPIPE does, without a traceback; stdout
+    now points at /dev/null so the interpreter's last flush raises nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _output_closed()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="tokenfeed", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tokenfeed {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gRPC daemon")
@@ -193,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except (TokenfeedError, TokenfeedClientError) as e:
         print(f"tokenfeed: error: {e}", file=sys.stderr)
         return 2

@@ -66,6 +66,35 @@ def start_server(config: Path, ready: Path) -> tuple[subprocess.Popen, str]:
     return proc, json.loads(ready.read_text())["address"]
 
 
+def wait_built(feed: Client, timeout: float) -> dict:
+    """The job's description once its index is built (sizes and steps per epoch are the whole
+    corpus's only then), with a progress line a second while it builds; the description as it
+    stands if `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    info, said = feed.describe(), 0.0
+    while info["state"] == "JOB_STATE_INDEXING" and time.monotonic() < deadline:
+        if time.monotonic() - said >= 1.0:
+            print(f"job demo: building, {info['chunks_indexed']}/{info['num_chunks']} chunks")
+            said = time.monotonic()
+        time.sleep(0.1)
+        info = feed.describe()
+    return info
+
+
+def describe(info: dict) -> str:
+    if info["state"] == "JOB_STATE_READY":
+        return (
+            f"job demo: {info['num_chunks']} chunks, {info['num_documents']} documents, "
+            f"{info['num_tokens']} tokens, {info['steps_per_epoch']} steps per epoch, "
+            f"fingerprint {info['fingerprint']}"
+        )
+    return (  # still building (or failed): only what is known so far, said as such
+        f"job demo: {info['state'].removeprefix('JOB_STATE_').lower()}, "
+        f"{info['chunks_indexed']}/{info['num_chunks']} chunks indexed so far"
+        + (f": {info['error']}" if info["error"] else "")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=".demo", help="working directory")
@@ -91,16 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(address, job="demo", timeout=120) as feed:
             batch = feed.get_batch(0, rank=0, world_size=2)  # served while the index builds
-            info = feed.describe()
-            deadline = time.monotonic() + 120
-            while info["state"] == "JOB_STATE_INDEXING" and time.monotonic() < deadline:
-                time.sleep(0.1)  # the sizes below are the whole corpus's once it is built
-                info = feed.describe()
-            print(
-                f"job demo: {info['num_chunks']} chunks, {info['num_documents']} documents, "
-                f"{info['num_tokens']} tokens, {info['steps_per_epoch']} steps per epoch, "
-                f"fingerprint {info['fingerprint']}"
-            )
+            print(describe(wait_built(feed, 120)))
             tok = TextTokenizer(TokenizerSpec(path=str(tok_path)))
             print(f"step 0, rank 0 of 2: {dict((k, v.shape) for k, v in batch.items())}")
             for r in range(2):
