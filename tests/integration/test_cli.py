@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 
-from support import ServerProcess, job_spec, write_config, write_jsonl
+from s3env import s3_client
+from support import TOKENIZER, ServerProcess, job_spec, write_config, write_jsonl
 from tokenfeed.server import democorpus
 
 
@@ -41,6 +43,50 @@ def test_inspect_prints_rows_decoded_back_to_text(tmp_path, texts):
         # every decoded row is real text from the corpus (pieces joined by EOS)
         pieces = [p.strip() for p in body.split(democorpus.EOS) if len(p.strip()) > 20]
         assert pieces and all(any(p in t for t in texts[:60]) for p in pieces), body[:200]
+
+
+def test_a_slow_local_inspect_prints_progress_lines(tmp_path, corpus, faults, s3_bucket):
+    """Sources behind a slow object store: the index takes seconds to build, and says how far
+    it is while it does (stderr), before the rows (stdout)."""
+    client = s3_client(faults.endpoint)
+    for path in sorted(corpus.iterdir()):
+        client.put_object(Bucket=s3_bucket, Key=f"c/{path.name}", Body=path.read_bytes())
+    client.put_object(Bucket=s3_bucket, Key="tokenizer.json", Body=TOKENIZER.read_bytes())
+    faults.set_faults(1.0, ("delay",), key_filter="/c/", delay_seconds=0.08)
+    spec = job_spec(
+        [f"s3://{s3_bucket}/c/*"], tokenizer=f"s3://{s3_bucket}/tokenizer.json", chunk_bytes="8KiB"
+    )
+    store = {"endpoint_url": faults.endpoint, "addressing_style": "path", "block_bytes": "4KiB"}
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"j": spec},
+        tmp_path / "cache",
+        object_store=store,
+        tokenize_threads=1,
+    )
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tokenfeed.server.cli",
+            "inspect",
+            "--config",
+            str(cfg),
+            "--job",
+            "j",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "AWS_DEFAULT_REGION": "us-east-1"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("job j step 0 rank 0/1: 8 rows x 64 tokens"), out.stdout
+    progress = re.findall(r"inspect: job j: (\d+)/(\d+) chunks indexed, (\d+)s", out.stderr)
+    assert progress, out.stderr
+    done = [int(n) for n, _, _ in progress]
+    assert done == sorted(done) and all(int(total) > int(n) for n, total, _ in progress)
 
 
 def test_inspect_through_a_server_matches_local(server, corpus, tmp_path):

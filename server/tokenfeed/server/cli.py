@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tokenfeed.client.errors import TokenfeedClientError
 from tokenfeed.server import config as configmod
 from tokenfeed.server import logs
-from tokenfeed.server.errors import JobFailedError, TokenfeedError
+from tokenfeed.server.errors import ConfigError, JobFailedError, TokenfeedError
 
 log = logging.getLogger("tokenfeed")
 
@@ -90,8 +90,6 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
 
 
 def cmd_build(args) -> int:
-    import os
-
     from tokenfeed.server.build import build
 
     logs.configure("text", logging.WARNING)
@@ -106,9 +104,19 @@ def cmd_build(args) -> int:
     return 0
 
 
-def cmd_inspect(args) -> int:
+def _tokenizer(cfg: configmod.Config, spec: configmod.JobSpec):
+    """The job's tokenizer, read where the config says (a path or an object-store URI)."""
+    from tokenfeed.server.storage import Storage
     from tokenfeed.server.tokenize import TextTokenizer
 
+    try:
+        raw = Storage(cfg.object_store).read_object(spec.tokenizer.path)[1]
+    except OSError as e:
+        raise ConfigError(f"cannot read {spec.tokenizer.path}: {e}") from e
+    return TextTokenizer(spec.tokenizer, raw)
+
+
+def cmd_inspect(args) -> int:
     logs.configure("text", logging.WARNING)
     cfg = _load(args)
     spec = cfg.job(args.job)
@@ -118,9 +126,10 @@ def cmd_inspect(args) -> int:
         with Client(args.target, job=spec.name) as client:
             batch = client.get_batch(args.step, rank=args.rank, world_size=args.world_size)
         arrays = dict(batch)
+        tok = _tokenizer(cfg, spec)
     else:
-        _, arrays = _local_batch(cfg, spec.name, args.step, args.rank, args.world_size)
-    tok = TextTokenizer(spec.tokenizer)
+        job, arrays = _local_batch(cfg, spec.name, args.step, args.rank, args.world_size)
+        tok = job.tokenizer
     ids = arrays["input_ids"]
     print(
         f"job {spec.name} step {args.step} rank {args.rank}/{args.world_size}: "
