@@ -57,7 +57,7 @@ def test_each_step_is_served_once_its_windows_are_built_and_equals_the_full_buil
     # Build the other job's chunks one at a time, in the order the server builds them (each
     # dataset in its epoch-0 order, datasets interleaved), and serve at every stage.
     for idx in partial.indexes:
-        idx._plan()
+        idx.plan()
     queues = [list(map(int, idx.order0)) for idx in partial.indexes]
     first_served: dict[int, int] = {}  # step -> chunks built when it was first served
     built, refused = 0, 0
@@ -65,7 +65,7 @@ def test_each_step_is_served_once_its_windows_are_built_and_equals_the_full_buil
         for d, idx in enumerate(partial.indexes):
             if queues[d]:
                 i = queues[d].pop(0)
-                idx._record(i, *idx._index_chunk(i))
+                idx.record(i, *idx.index_chunk(i))
                 built += 1
         for s in steps:
             try:
@@ -87,7 +87,7 @@ def test_each_step_is_served_once_its_windows_are_built_and_equals_the_full_buil
     assert stages == sorted(stages) and stages[0] < total // 4 and stages[-1] < total, stages
     # Everything built; the index completes as a server's build would.
     for idx in partial.indexes:
-        idx._finish()
+        idx.finish()
     assert partial.fingerprint == full.fingerprint
     for s in steps:
         assert all((partial.batch(s, 0, 1)[1][k] == expected[s][k]).all() for k in expected[s])
@@ -129,7 +129,9 @@ def test_a_cold_server_serves_the_first_steps_while_later_chunks_are_tokenized(
     stub = pb_grpc.TokenFeedStub(channel)
     try:
         steps, early = range(12), {}
-        with proc.client("main", timeout=120) as c:
+        # Retrying at once (no pushback): the steps are asked for as soon as they can be served,
+        # well before the slow build ends.
+        with proc.client("main", timeout=120, max_pushback=0) as c:
             for s in steps:
                 early[s] = batch_bytes(c.get_batch(s))
                 info = c.describe()

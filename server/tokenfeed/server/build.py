@@ -82,7 +82,7 @@ def planned_job(config: Config, name: str) -> Job:
     store, its inputs checked against the store's): what the builders are handed."""
     job = _job(config, name, not config.store.uri)
     for idx in job.indexes:
-        idx._plan()
+        idx.plan()
     return job
 
 
@@ -96,7 +96,7 @@ def build_chunk(job: Job, d: int, i: int, chunk: Chunk) -> Done:
     had = idx.store.get_index(key) is not None or (
         idx.shared is not None and idx.shared.manifest(key) is not None
     )
-    entry, units = idx._index_chunk(0)
+    entry, units = idx.index_chunk(0)
     return Done(d, i, entry, units, chunk.raw_bytes, not had)
 
 
@@ -181,8 +181,8 @@ def _build_job(
     progress = Progress(out, len(todo), total_bytes)
     for d, i in before:
         idx = job.indexes[d]
-        entry, units = idx._index_chunk(i)
-        idx._record(i, entry, units)
+        entry, units = idx.index_chunk(i)
+        idx.record(i, entry, units)
         progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
     futures = [
         pool.submit(_build_chunk, d, i, job.indexes[d].chunks[i])
@@ -192,7 +192,7 @@ def _build_job(
     try:
         for future in cf.as_completed(futures):
             done = future.result()
-            job.indexes[done.dataset]._record(done.chunk, done.entry, done.units)
+            job.indexes[done.dataset].record(done.chunk, done.entry, done.units)
             progress.add(done)
     except BaseException:
         for f in futures:
@@ -201,7 +201,7 @@ def _build_job(
     if progress.tty:
         out.write("\n")
     for idx in job.indexes:
-        idx._finish()
+        idx.finish()
     elapsed = time.monotonic() - progress.started
     print(
         f"job {name}: built; tokenized {progress.tokenized} chunks, "

@@ -26,34 +26,28 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 import numpy as np
-from tokenfeed.server import bestfit, metrics, order, packing, pretokenized
+from tokenfeed.server import metrics, order
+from tokenfeed.server.chunkmaker import BuildCancelled, ChunkMaker
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
 from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
 from tokenfeed.server.control import SupervisorLink
 from tokenfeed.server.errors import (
-    BadRecordError,
     LocalError,
-    SourceChangedError,
     SourceError,
-    StoreCorruptError,
     TokenfeedError,
 )
-from tokenfeed.server.readers import BadRecord, read_documents
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import ObjectInfo, Storage
 from tokenfeed.server.tokenize import TextTokenizer
 from tokenfeed.server.tokstore import (
     ChunkIndex,
-    ChunkMissing,
     TokenChunk,
     TokenStore,
-    encode_chunk,
 )
 
 log = logging.getLogger(__name__)
 
 INDEXING, READY, FAILED = "indexing", "ready", "failed"
-BAD_EXAMPLES_PER_CHUNK = 20
 RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
 POLL_SECONDS = 0.5  # how often a chunk another node tokenizes is looked for in the shared store
 WORKER_POLL_SECONDS = 0.05  # how often a serving worker looks for the supervisor's manifests
@@ -87,10 +81,6 @@ class ChunkKeys:
             return None
         j = int(np.searchsorted(self._sorted, q))
         return int(self._order[j]) if j < len(self._sorted) and self._sorted[j] == q else None
-
-
-class BuildCancelled(Exception):
-    """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""
 
 
 class DatasetIndex:
@@ -141,6 +131,7 @@ class DatasetIndex:
         self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
         self.started = time.monotonic()
         self._cancel = threading.Event()
+        self.maker = ChunkMaker(self)
 
     @property
     def rows_per_epoch(self) -> int:
@@ -154,6 +145,10 @@ class DatasetIndex:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
 
     async def build(self, executor: Executor, parallel: int, retry: bool = True) -> None:
         """Build until READY or FAILED, retrying failures local to this server (or, without
@@ -192,7 +187,7 @@ class DatasetIndex:
             planned = await loop.run_in_executor(executor, self.supervisor.chunks, self.spec.name)
             self.adopt(planned[self.position])
         elif not self.chunks:
-            await loop.run_in_executor(executor, self._plan)
+            await loop.run_in_executor(executor, self.plan)
             self.store.cache.claim(
                 self.raw_claim,
                 self.raw_working_set(parallel),
@@ -220,12 +215,12 @@ class DatasetIndex:
                     await asyncio.sleep(poll / 4)
                     continue
                 since = deferred.get(i, [time.monotonic()])[0]
-                got = await loop.run_in_executor(executor, self._index_or_defer, i, since)
+                got = await loop.run_in_executor(executor, self.index_or_defer, i, since)
                 if got is None:
                     deferred[i] = [since, time.monotonic()]
                     continue
                 deferred.pop(i, None)
-                self._record(i, *got)
+                self.record(i, *got)
 
         try:
             async with asyncio.TaskGroup() as group:  # the first failure cancels the others
@@ -235,7 +230,7 @@ class DatasetIndex:
             raise failed.exceptions[0] from None
         if self._cancel.is_set():
             raise BuildCancelled
-        self._finish()
+        self.finish()
 
     @property
     def raw_claim(self) -> str:
@@ -260,7 +255,8 @@ class DatasetIndex:
             return 0
         return min(parallel, len(remote)) * max(remote)
 
-    def _plan(self) -> None:
+    def plan(self) -> None:
+        """List the sources and plan the chunks (in a worker thread)."""
         objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
         for source in self.dataset.sources:
             found = self.storage.for_uri(source.pattern).list(source.pattern)
@@ -277,7 +273,7 @@ class DatasetIndex:
             self.shared.join()
 
     def adopt(self, chunks: list[Chunk]) -> None:
-        """Take a planned chunk list (from `_plan`, or from the process that planned it)."""
+        """Take a planned chunk list (from `plan`, or from the process that planned it)."""
         self.keys = ChunkKeys([c.key(self.tokenizer.chunk_digest) for c in chunks])
         self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
@@ -310,165 +306,20 @@ class DatasetIndex:
             "sources": [sources[u] for u in sorted(sources)],
         }
 
-    def _index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
-        """Runs in a worker thread: index chunk i, or None to come back to it later (it is
-        another live node's to tokenize and not published yet)."""
-        key, shared = self.keys[i], self.shared
-        if self.supervisor is not None and self.store.get_index(key) is None:
-            return None  # the supervisor has not committed it yet
-        if shared is not None and self.store.get_index(key) is None:
-            if shared.manifest(key) is None:
-                if not shared.mine(key):
-                    if time.monotonic() - since < shared.spec.takeover_seconds:
-                        return None
-                    log.info(
-                        "job %s: taking over %s from node %s after %.0fs",
-                        self.name,
-                        self.chunks[i].describe(),
-                        shared.owner(key),
-                        time.monotonic() - since,
-                    )
-                    metrics.STORE_CHUNKS.labels("taken_over").inc()
-                    shared.counts.taken_over += 1
-        return self._index_chunk(i)
+    def index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
+        return self.maker.index_or_defer(i, since)
 
-    def _index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
-        """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
-        if self.spec.packing == "concat":
-            entry = self.ensure_chunk(i)
-            return entry, packing.concat_units(
-                entry.num_tokens, entry.num_docs, self.tokenizer.add_bos
-            )
-        # best_fit needs every document's length, not just the totals: the body is opened
-        entry, chunk = self.open_body(i)
-        return entry, bestfit.bestfit_rows(
-            chunk.doc_lengths, self.spec.seq_len, self.tokenizer.add_bos
-        )
+    def index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
+        return self.maker.index_chunk(i)
 
     def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
-        """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
-        key = self.keys[i]
-        with self.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
-            self.store.cache.lookup("chunk", key)  # a hit, or a miss that rebuilds the body
-            for _ in range(3):
-                entry = self.ensure_chunk(i, body=True)
-                try:
-                    return entry, self.store.open(key)
-                except StoreCorruptError as e:
-                    log.warning(
-                        "job %s: %s; re-tokenizing %s", self.name, e, self.chunks[i].describe()
-                    )
-                except ChunkMissing:
-                    pass
-        raise StoreCorruptError(
-            f"token chunk {key} of {self.chunks[i].describe()} cannot be rebuilt in the cache"
-        )
+        return self.maker.open_body(i)
 
     def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
-        """Runs in a worker thread: the chunk's index entry, tokenizing the chunk if it was never
-        stored (or, with `body`, if its tokens are not in the cache). Concurrent callers for
-        one chunk tokenize it once."""
-        key = self.keys[i]
-        found = self.store.get_index(key)
-        if self.supervisor is not None and (found is None or body and not self.store.has_body(key)):
-            self.supervisor.ensure(self.spec.name, self.position, i)  # the owner builds it
-            found = self.store.get_index(key)
-            if found is None:
-                raise StoreCorruptError(
-                    f"token chunk {key} is missing after the supervisor built it"
-                )
-        if found is not None and (not body or self.store.has_body(key)):
-            # Possibly stored by a job with the skip policy: the manifest kept the locations.
-            self._check_policy(found.bad_examples)
-            return found
-        built: list[ChunkIndex] = []
-        self.store.cache.fill_once("chunk", key, lambda: built.append(self._fetch(i, body)))
-        entry = built[0] if built else self.store.get_index(key)
-        if entry is None:
-            raise StoreCorruptError(f"token chunk {key} vanished while it was built")
-        if not built:  # built by another job, whose policy may differ from ours
-            self._check_policy(entry.bad_examples)
-        if found is not None and entry.digest != found.digest:
-            raise SourceChangedError(
-                f"job {self.name}: {self.chunks[i].describe()} tokenized to other bytes than "
-                f"when it was indexed ({found.digest} -> {entry.digest}): the source or the "
-                "tokenizer changed; restart the job on a stable corpus"
-            )
-        return entry
+        return self.maker.ensure_chunk(i, body)
 
-    def _fetch(self, i: int, body: bool) -> ChunkIndex:
-        """The chunk from the shared store (its manifest, and its body if `body`), or else
-        tokenized here (and published)."""
-        key, shared = self.keys[i], self.shared
-        if shared is not None:
-            raw = shared.manifest(key)
-            if raw is not None and not body:
-                metrics.STORE_CHUNKS.labels("indexed").inc()
-                shared.counts.fetched += 1
-                return self.store.put_manifest(key, raw)
-            encoded = shared.body(key, raw) if raw is not None else None
-            if encoded is not None:
-                return self.store.put_encoded(encoded)
-        return self._tokenize(i)
-
-    def _tokenize(self, i: int) -> ChunkIndex:
-        key, chunk = self.keys[i], self.chunks[i]
-        started = time.monotonic()
-        source = self.storage.for_uri(chunk.source.uri)
-        if chunk.kind in pretokenized.KINDS:  # token ids already: no tokenizer
-            pre = pretokenized.read_chunk(source, chunk, self.tokenizer)
-            self._check_policy([str(b) for b in pre.bad])
-            docs, tokens, lengths = pre, pre.tokens, pre.lengths
-        else:
-            docs = read_documents(source, chunk)
-            self._check_policy([str(b) for b in docs.bad])
-            tokens, lengths = self.tokenizer.encode(docs.texts, between_batches=self._stop_point)
-        bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
-        if (lengths == 0).any():
-            empty = np.nonzero(lengths == 0)[0]
-            bad += [
-                BadRecord("no_tokens", f"{chunk.describe()} record {record_ids[d]}") for d in empty
-            ]
-            self._check_policy([str(b) for b in bad])
-            record_ids = record_ids[lengths > 0]
-            lengths = lengths[lengths > 0]
-        for b in bad:
-            fields = {"job": self.name, "reason": b.reason, "location": b.location}
-            log.warning("job %s: skipped bad record %s", self.name, b, extra=fields)
-        counts = dict(Counter(b.reason for b in bad))
-        examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
-        encoded = encode_chunk(
-            key,
-            tokens,
-            lengths,
-            docs.records,
-            counts,
-            examples,
-            chunk.describe(),
-            record_ids,
-            docs.data_start,
-        )
-        entry = self.store.put_encoded(encoded, body=self.keep_bodies)
-        if self.shared is not None:
-            self.shared.publish(encoded)
-        metrics.TOKENIZED_DOCUMENTS.labels(self.spec.name).inc(len(lengths))
-        metrics.TOKENIZED_TOKENS.labels(self.spec.name).inc(len(tokens))
-        metrics.TOKENIZED_BYTES.labels(self.spec.name).inc(chunk.raw_bytes)
-        metrics.TOKENIZE_SECONDS.labels(self.spec.name).inc(time.monotonic() - started)
-        return entry
-
-    def _stop_point(self) -> None:
-        if self._cancel.is_set():
-            raise BuildCancelled
-
-    def _check_policy(self, bad: list[str]) -> None:
-        if bad and self.spec.bad_records == "strict":
-            raise BadRecordError(
-                f"job {self.name}: bad record at {bad[0]}; the job's policy is strict "
-                f"(set bad_records: skip to skip, count and log such records)"
-            )
-
-    def _record(self, i: int, entry: ChunkIndex, units: int) -> None:
+    def record(self, i: int, entry: ChunkIndex, units: int) -> None:
+        """Count chunk i, built: its documents, tokens, units and bad records."""
         self.num_docs[i] = entry.num_docs
         self.num_tokens[i] = entry.num_tokens
         self.body_bytes[i] = entry.body_bytes
@@ -499,7 +350,8 @@ class DatasetIndex:
             for listener in self.listeners:
                 listener()
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Every chunk is counted: READY (or SourceError if the corpus yields no row)."""
         seq_len, total = self.spec.seq_len, int(self.units_per_chunk.sum())
         if total < self.span:
             raise SourceError(

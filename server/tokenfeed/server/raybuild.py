@@ -35,10 +35,10 @@ from typing import TextIO
 import ray
 import ray.exceptions
 from tokenfeed.server import build
+from tokenfeed.server.chunkmaker import BAD_EXAMPLES_PER_CHUNK
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
 from tokenfeed.server.errors import ConfigError, LocalError, TokenfeedError
-from tokenfeed.server.index import BAD_EXAMPLES_PER_CHUNK
 from tokenfeed.server.job import Job
 from tokenfeed.server.sharedstore import SharedStore
 

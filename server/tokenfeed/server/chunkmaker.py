@@ -1,0 +1,199 @@
+"""One chunk of a dataset's token store made: found in this node's store, fetched from the
+fleet's shared store when published there, or else read and tokenized here (and published),
+with the job's bad-record policy applied (every bad record counted and located). Runs in
+worker threads; concurrent callers for one chunk make it once (the cache's single flight).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tokenfeed.server import bestfit, metrics, packing, pretokenized
+from tokenfeed.server.errors import BadRecordError, SourceChangedError, StoreCorruptError
+from tokenfeed.server.readers import BadRecord, read_documents
+from tokenfeed.server.tokstore import ChunkIndex, ChunkMissing, TokenChunk, encode_chunk
+
+if TYPE_CHECKING:
+    from tokenfeed.server.index import DatasetIndex
+
+log = logging.getLogger(__name__)
+
+BAD_EXAMPLES_PER_CHUNK = 20
+
+
+class BuildCancelled(Exception):
+    """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""
+
+
+class ChunkMaker:
+    """Makes the chunks of one dataset's index (`ix`: its chunks, keys, store and tokenizer)."""
+
+    def __init__(self, ix: DatasetIndex):
+        self.ix = ix
+
+    def index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
+        """Runs in a worker thread: index chunk i, or None to come back to it later (it is
+        another live node's to tokenize and not published yet)."""
+        key, shared = self.ix.keys[i], self.ix.shared
+        if self.ix.supervisor is not None and self.ix.store.get_index(key) is None:
+            return None  # the supervisor has not committed it yet
+        if shared is not None and self.ix.store.get_index(key) is None:
+            if shared.manifest(key) is None:
+                if not shared.mine(key):
+                    if time.monotonic() - since < shared.spec.takeover_seconds:
+                        return None
+                    log.info(
+                        "job %s: taking over %s from node %s after %.0fs",
+                        self.ix.name,
+                        self.ix.chunks[i].describe(),
+                        shared.owner(key),
+                        time.monotonic() - since,
+                    )
+                    metrics.STORE_CHUNKS.labels("taken_over").inc()
+                    shared.counts.taken_over += 1
+        return self.index_chunk(i)
+
+    def index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
+        """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
+        if self.ix.spec.packing == "concat":
+            entry = self.ensure_chunk(i)
+            return entry, packing.concat_units(
+                entry.num_tokens, entry.num_docs, self.ix.tokenizer.add_bos
+            )
+        # best_fit needs every document's length, not just the totals: the body is opened
+        entry, chunk = self.open_body(i)
+        return entry, bestfit.bestfit_rows(
+            chunk.doc_lengths, self.ix.spec.seq_len, self.ix.tokenizer.add_bos
+        )
+
+    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
+        """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
+        key = self.ix.keys[i]
+        with self.ix.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
+            self.ix.store.cache.lookup("chunk", key)  # a hit, or a miss that rebuilds the body
+            for _ in range(3):
+                entry = self.ensure_chunk(i, body=True)
+                try:
+                    return entry, self.ix.store.open(key)
+                except StoreCorruptError as e:
+                    log.warning(
+                        "job %s: %s; re-tokenizing %s",
+                        self.ix.name,
+                        e,
+                        self.ix.chunks[i].describe(),
+                    )
+                except ChunkMissing:
+                    pass
+        raise StoreCorruptError(
+            f"token chunk {key} of {self.ix.chunks[i].describe()} cannot be rebuilt in the cache"
+        )
+
+    def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
+        """Runs in a worker thread: the chunk's index entry, tokenizing the chunk if it was never
+        stored (or, with `body`, if its tokens are not in the cache). Concurrent callers for
+        one chunk tokenize it once."""
+        key = self.ix.keys[i]
+        found = self.ix.store.get_index(key)
+        if self.ix.supervisor is not None and (
+            found is None or body and not self.ix.store.has_body(key)
+        ):
+            self.ix.supervisor.ensure(self.ix.spec.name, self.ix.position, i)  # the owner builds it
+            found = self.ix.store.get_index(key)
+            if found is None:
+                raise StoreCorruptError(
+                    f"token chunk {key} is missing after the supervisor built it"
+                )
+        if found is not None and (not body or self.ix.store.has_body(key)):
+            # Possibly stored by a job with the skip policy: the manifest kept the locations.
+            self._check_policy(found.bad_examples)
+            return found
+        built: list[ChunkIndex] = []
+        self.ix.store.cache.fill_once("chunk", key, lambda: built.append(self._fetch(i, body)))
+        entry = built[0] if built else self.ix.store.get_index(key)
+        if entry is None:
+            raise StoreCorruptError(f"token chunk {key} vanished while it was built")
+        if not built:  # built by another job, whose policy may differ from ours
+            self._check_policy(entry.bad_examples)
+        if found is not None and entry.digest != found.digest:
+            raise SourceChangedError(
+                f"job {self.ix.name}: {self.ix.chunks[i].describe()} tokenized to other bytes than "
+                f"when it was indexed ({found.digest} -> {entry.digest}): the source or the "
+                "tokenizer changed; restart the job on a stable corpus"
+            )
+        return entry
+
+    def _fetch(self, i: int, body: bool) -> ChunkIndex:
+        """The chunk from the shared store (its manifest, and its body if `body`), or else
+        tokenized here (and published)."""
+        key, shared = self.ix.keys[i], self.ix.shared
+        if shared is not None:
+            raw = shared.manifest(key)
+            if raw is not None and not body:
+                metrics.STORE_CHUNKS.labels("indexed").inc()
+                shared.counts.fetched += 1
+                return self.ix.store.put_manifest(key, raw)
+            encoded = shared.body(key, raw) if raw is not None else None
+            if encoded is not None:
+                return self.ix.store.put_encoded(encoded)
+        return self._tokenize(i)
+
+    def _tokenize(self, i: int) -> ChunkIndex:
+        key, chunk = self.ix.keys[i], self.ix.chunks[i]
+        started = time.monotonic()
+        source = self.ix.storage.for_uri(chunk.source.uri)
+        if chunk.kind in pretokenized.KINDS:  # token ids already: no tokenizer
+            pre = pretokenized.read_chunk(source, chunk, self.ix.tokenizer)
+            self._check_policy([str(b) for b in pre.bad])
+            docs, tokens, lengths = pre, pre.tokens, pre.lengths
+        else:
+            docs = read_documents(source, chunk)
+            self._check_policy([str(b) for b in docs.bad])
+            tokens, lengths = self.ix.tokenizer.encode(docs.texts, between_batches=self._stop_point)
+        bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
+        if (lengths == 0).any():
+            empty = np.nonzero(lengths == 0)[0]
+            bad += [
+                BadRecord("no_tokens", f"{chunk.describe()} record {record_ids[d]}") for d in empty
+            ]
+            self._check_policy([str(b) for b in bad])
+            record_ids = record_ids[lengths > 0]
+            lengths = lengths[lengths > 0]
+        for b in bad:
+            fields = {"job": self.ix.name, "reason": b.reason, "location": b.location}
+            log.warning("job %s: skipped bad record %s", self.ix.name, b, extra=fields)
+        counts = dict(Counter(b.reason for b in bad))
+        examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
+        encoded = encode_chunk(
+            key,
+            tokens,
+            lengths,
+            docs.records,
+            counts,
+            examples,
+            chunk.describe(),
+            record_ids,
+            docs.data_start,
+        )
+        entry = self.ix.store.put_encoded(encoded, body=self.ix.keep_bodies)
+        if self.ix.shared is not None:
+            self.ix.shared.publish(encoded)
+        metrics.TOKENIZED_DOCUMENTS.labels(self.ix.spec.name).inc(len(lengths))
+        metrics.TOKENIZED_TOKENS.labels(self.ix.spec.name).inc(len(tokens))
+        metrics.TOKENIZED_BYTES.labels(self.ix.spec.name).inc(chunk.raw_bytes)
+        metrics.TOKENIZE_SECONDS.labels(self.ix.spec.name).inc(time.monotonic() - started)
+        return entry
+
+    def _stop_point(self) -> None:
+        if self.ix.cancelled:
+            raise BuildCancelled
+
+    def _check_policy(self, bad: list[str]) -> None:
+        if bad and self.ix.spec.bad_records == "strict":
+            raise BadRecordError(
+                f"job {self.ix.name}: bad record at {bad[0]}; the job's policy is strict "
+                f"(set bad_records: skip to skip, count and log such records)"
+            )
