@@ -23,13 +23,14 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server import pretokenized
+from tokenfeed.server.chunkfiles import PartStart, Provenance, parse_manifest
 from tokenfeed.server.chunks import Chunk, plan_chunks
 from tokenfeed.server.config import SourceSpec, from_dict
 from tokenfeed.server.errors import SourceChangedError, StoreCorruptError
 from tokenfeed.server.index import DatasetIndex
 from tokenfeed.server.readers import locate_record, read_documents
 from tokenfeed.server.storage import LocalStore, ObjectInfo, Storage
-from tokenfeed.server.tokstore import PartStart, Provenance, TokenStore, parse_manifest
+from tokenfeed.server.tokstore import TokenStore
 
 SPEC = SourceSpec("/corpus/*")
 TOKENS = SimpleNamespace(vocab_size=1024, dtype=np.dtype(np.uint16), eos_id=0)

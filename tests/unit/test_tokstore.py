@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenfeed.server.chunkfiles import decode_idx, encode_idx
 from tokenfeed.server.errors import StoreCorruptError
-from tokenfeed.server.tokstore import ChunkMissing, TokenStore, decode_idx, encode_idx
+from tokenfeed.server.tokstore import ChunkMissing, TokenStore
 
 KEY = "ab" + "0123456789abcdef" * 2
 

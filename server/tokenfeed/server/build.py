@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tokenfeed.server.cache import DiskCache
+from tokenfeed.server.chunkfiles import ChunkIndex
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
 from tokenfeed.server.diskfiles import lock_directory
@@ -26,7 +27,7 @@ from tokenfeed.server.errors import JobFailedError
 from tokenfeed.server.job import Job
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
-from tokenfeed.server.tokstore import ChunkIndex, TokenStore
+from tokenfeed.server.tokstore import TokenStore
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenfeed.server import bestfit, metrics, packing, pretokenized
+from tokenfeed.server.chunkfiles import ChunkIndex, encode_chunk
 from tokenfeed.server.errors import BadRecordError, SourceChangedError, StoreCorruptError
 from tokenfeed.server.readers import BadRecord, read_documents
-from tokenfeed.server.tokstore import ChunkIndex, ChunkMissing, TokenChunk, encode_chunk
+from tokenfeed.server.tokstore import ChunkMissing, TokenChunk
 
 if TYPE_CHECKING:
     from tokenfeed.server.index import DatasetIndex

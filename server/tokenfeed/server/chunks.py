@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tokenfeed.server.chunkfiles import CODE_DTYPES, IDX_MAGIC, IDX_VERSION
 from tokenfeed.server.config import JSONL_SUFFIXES, SourceSpec
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
-from tokenfeed.server.tokstore import CODE_DTYPES, IDX_MAGIC, IDX_VERSION
 
 # Bump when the bytes a chunk produces could change for the same inputs.
 CHUNK_FORMAT_VERSION = 2

@@ -27,6 +27,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 from tokenfeed.server import metrics, order
+from tokenfeed.server.chunkfiles import ChunkIndex
 from tokenfeed.server.chunkmaker import BuildCancelled, ChunkMaker
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
 from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
@@ -39,11 +40,7 @@ from tokenfeed.server.errors import (
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import ObjectInfo, Storage
 from tokenfeed.server.tokenize import TextTokenizer
-from tokenfeed.server.tokstore import (
-    ChunkIndex,
-    TokenChunk,
-    TokenStore,
-)
+from tokenfeed.server.tokstore import TokenChunk, TokenStore
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from tokenfeed.server.chunkfiles import DataStart, PartStart
 from tokenfeed.server.chunks import Chunk, is_token_list, megatron_header
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.readers import BadRecord, read_parts
 from tokenfeed.server.storage import ObjectStore
-from tokenfeed.server.tokstore import DataStart, PartStart
 
 if TYPE_CHECKING:
     from tokenfeed.server.tokenize import TextTokenizer

@@ -23,10 +23,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from tokenfeed.server.chunkfiles import DataStart, PartStart, Provenance
 from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.errors import SourceError, StoreCorruptError
 from tokenfeed.server.storage import ObjectInfo, ObjectStore, Storage
-from tokenfeed.server.tokstore import DataStart, PartStart, Provenance
 
 REASONS = (
     "invalid_utf8",

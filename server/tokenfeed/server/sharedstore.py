@@ -27,12 +27,12 @@ from pathlib import Path
 
 import botocore.exceptions as bce
 from tokenfeed.server import metrics
+from tokenfeed.server.chunkfiles import EncodedChunk, parse_manifest
 from tokenfeed.server.config import StoreSpec
 from tokenfeed.server.diskfiles import write_atomic
 from tokenfeed.server.errors import SourceError, StoreCorruptError
 from tokenfeed.server.s3store import S3Store, split_uri
 from tokenfeed.server.storage import Storage
-from tokenfeed.server.tokstore import EncodedChunk, parse_manifest
 
 log = logging.getLogger(__name__)
 

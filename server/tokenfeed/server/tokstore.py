@@ -20,69 +20,27 @@ import hashlib
 import json
 import logging
 import mmap
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 from tokenfeed.server.cache import DiskCache, Kind
+from tokenfeed.server.chunkfiles import (
+    ChunkIndex,
+    DataStart,
+    EncodedChunk,
+    Provenance,
+    body_bytes,
+    consistent,
+    decode_idx,
+    encode_chunk,
+    manifest_data_start,
+    parse_manifest,
+)
 from tokenfeed.server.diskfiles import write_atomic
 from tokenfeed.server.errors import StoreCorruptError
 
 log = logging.getLogger(__name__)
-
-IDX_MAGIC = b"MMIDIDX\x00\x00"
-IDX_VERSION = 1
-# Megatron-LM's dtype codes for the .idx header.
-DTYPE_CODES = {
-    np.dtype(np.uint8): 1,
-    np.dtype(np.int8): 2,
-    np.dtype(np.int16): 3,
-    np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5,
-    np.dtype(np.float64): 6,
-    np.dtype(np.float32): 7,
-    np.dtype(np.uint16): 8,
-}
-CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-MANIFEST_VERSION = 2
-
-
-@dataclass(frozen=True)
-class PartStart:
-    """Where one part of a grouped chunk (chunks.py) keeps its records: how many it read (good
-    or bad; record ids count on from the parts before it) and the byte offset of its first
-    record in its object."""
-
-    records: int
-    data_start: int = 0
-
-
-# Where a chunk's records start: the byte offset of its first record in its object (a simple
-# chunk), or per part (a group).
-DataStart = int | tuple[PartStart, ...]
-
-
-class Provenance(NamedTuple):
-    """What locating a chunk's documents in their sources needs (readers.locate_record)."""
-
-    record_ids: np.ndarray  # per document: its index among the chunk's records
-    data_start: DataStart
-
-
-@dataclass(frozen=True)
-class ChunkIndex:
-    """A chunk's manifest: what the index of a job is computed from."""
-
-    key: str
-    num_docs: int
-    num_tokens: int
-    records: int
-    bad: dict[str, int]
-    bad_examples: list[str]
-    digest: str  # of the chunk's .bin and .idx content
-    body_bytes: int  # of its .bin, .idx and .rec files: what it takes in the cache
 
 
 @dataclass(frozen=True)
@@ -92,134 +50,6 @@ class TokenChunk:
     tokens: np.ndarray
     doc_offsets: np.ndarray  # int64, in tokens
     doc_lengths: np.ndarray  # int32
-
-
-def encode_idx(lengths: np.ndarray, dtype: np.dtype) -> bytes:
-    n = len(lengths)
-    pointers = np.zeros(n, dtype=np.int64)
-    if n > 1:
-        np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
-    header = IDX_MAGIC + struct.pack("<Q", IDX_VERSION) + struct.pack("<B", DTYPE_CODES[dtype])
-    counts = struct.pack("<QQ", n, n + 1)
-    doc_idx = np.arange(n + 1, dtype=np.int64)
-    return b"".join(
-        [
-            header,
-            counts,
-            lengths.astype("<i4").tobytes(),
-            pointers.astype("<i8").tobytes(),
-            doc_idx.astype("<i8").tobytes(),
-        ]
-    )
-
-
-def decode_idx(raw: bytes | memoryview) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """(token dtype, document lengths, document byte pointers) from an .idx file's bytes."""
-    if len(raw) < 34 or bytes(raw[:9]) != IDX_MAGIC:
-        raise StoreCorruptError("not a Megatron .idx file (bad magic or short header)")
-    (version,) = struct.unpack_from("<Q", raw, 9)
-    (code,) = struct.unpack_from("<B", raw, 17)
-    n, _docs = struct.unpack_from("<QQ", raw, 18)
-    if version != IDX_VERSION or code not in CODE_DTYPES:
-        raise StoreCorruptError(f".idx version {version} dtype code {code} not supported")
-    if len(raw) != 34 + 12 * n + 8 * _docs:
-        raise StoreCorruptError(f".idx of {len(raw)} bytes does not hold {n} documents")
-    lengths = np.frombuffer(raw, dtype="<i4", count=n, offset=34)
-    pointers = np.frombuffer(raw, dtype="<i8", count=n, offset=34 + 4 * n)
-    return CODE_DTYPES[code], lengths, pointers
-
-
-@dataclass(frozen=True)
-class EncodedChunk:
-    """A chunk's four files as bytes: what is written to the cache and published to a shared
-    store. Deterministic: the same inputs give the same bytes on every node."""
-
-    key: str
-    bin: bytes
-    idx: bytes
-    rec: bytes
-    manifest_bytes: bytes
-    manifest: dict
-
-    @property
-    def body_bytes(self) -> int:
-        return len(self.bin) + len(self.idx) + len(self.rec)
-
-    def verified(self) -> bool:
-        m = self.manifest
-        return (
-            len(self.bin) == m["bin_bytes"]
-            and len(self.idx) == m["idx_bytes"]
-            and len(self.rec) == m["rec_bytes"]
-            and _blake(self.bin) == m["bin_blake2b"]
-            and _blake(self.idx) == m["idx_blake2b"]
-            and _blake(self.rec) == m["rec_blake2b"]
-        )
-
-
-def _blake(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def encode_chunk(
-    key: str,
-    tokens: np.ndarray,
-    lengths: np.ndarray,
-    records: int,
-    bad: dict[str, int],
-    bad_examples: list[str],
-    source: str,
-    record_ids: np.ndarray | None = None,
-    data_start: DataStart = 0,
-) -> EncodedChunk:
-    bin_bytes = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()
-    idx_bytes = encode_idx(lengths, tokens.dtype)
-    if record_ids is None:
-        record_ids = np.arange(len(lengths), dtype=np.int64)
-    rec_bytes = np.asarray(record_ids, dtype="<i8").tobytes()
-    manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "key": key,
-        "source": source,
-        "num_docs": int(len(lengths)),
-        "num_tokens": int(len(tokens)),
-        "records": records,
-        "dtype": tokens.dtype.name,
-        "bad_records": bad,
-        "bad_examples": bad_examples,
-        "bin_bytes": len(bin_bytes),
-        "idx_bytes": len(idx_bytes),
-        "rec_bytes": len(rec_bytes),
-        "data_start": data_start,
-        "bin_blake2b": _blake(bin_bytes),
-        "idx_blake2b": _blake(idx_bytes),
-        "rec_blake2b": _blake(rec_bytes),
-    }
-    if isinstance(data_start, tuple):  # a group: records and data_start per part
-        if len(data_start) < 2 or sum(part.records for part in data_start) != records:
-            raise ValueError(
-                f"token chunk {key}: a group's parts ({len(data_start)}) must be "
-                f"two or more, their records adding up to {records}"
-            )
-        manifest["data_start"] = 0
-        # Two arrays, not an object per part: a manifest of thousands of parts stays small.
-        manifest["parts"] = {
-            "records": [part.records for part in data_start],
-            "data_start": [part.data_start for part in data_start],
-        }
-    meta_bytes = json.dumps(manifest, indent=1).encode()
-    return EncodedChunk(key, bin_bytes, idx_bytes, rec_bytes, meta_bytes, manifest)
-
-
-def parse_manifest(key: str, raw: bytes) -> dict:
-    """A manifest's content, checked for consistency; StoreCorruptError if it is not one."""
-    try:
-        m = json.loads(raw)
-    except ValueError:
-        m = None
-    if not TokenStore._consistent(m) or m.get("key") != key:
-        raise StoreCorruptError(f"token chunk {key}: unreadable or inconsistent manifest")
-    return m
 
 
 def _digest(path: Path) -> str:
@@ -267,7 +97,7 @@ class TokenStore:
             keep.add(key)
             manifests.append((key, meta_path.stat().st_size))
             if self._body_complete(key, m):
-                bodies.append((key, _body_bytes(m)))
+                bodies.append((key, body_bytes(m)))
             else:
                 self._delete_body(key)
         for path in self.root.glob("*/*.*"):
@@ -364,36 +194,15 @@ class TokenStore:
             m["bad_records"],
             m["bad_examples"],
             f"{m['bin_blake2b']}:{m['idx_blake2b']}",
-            _body_bytes(m),
+            body_bytes(m),
         )
-
-    @staticmethod
-    def _consistent(m: object) -> bool:
-        """The manifest's counts agree with its file sizes (the digests vouch for the files)."""
-        try:
-            n, t = m["num_docs"], m["num_tokens"]
-            itemsize = np.dtype(m["dtype"]).itemsize
-            return (
-                m["manifest_version"] == MANIFEST_VERSION
-                and m["bin_bytes"] == t * itemsize
-                and m["idx_bytes"] == 34 + 12 * n + 8 * (n + 1)
-                and m["rec_bytes"] == 8 * n
-                and isinstance(m["bad_records"], dict)
-                and isinstance(m["bad_examples"], list)
-                and all(
-                    isinstance(m[k], str) for k in ("bin_blake2b", "idx_blake2b", "rec_blake2b")
-                )
-                and ("parts" not in m or _parts_consistent(m["parts"], m["records"]))
-            )
-        except (TypeError, KeyError, ValueError):
-            return False
 
     def _read_manifest(self, path: Path) -> dict | None:
         try:
             m = json.loads(path.read_bytes())
         except (OSError, ValueError):
             return None
-        return m if self._consistent(m) else None
+        return m if consistent(m) else None
 
     def _manifest(self, key: str) -> dict | None:
         path = self._paths(key)[3]
@@ -486,36 +295,6 @@ class TokenStore:
 
 class ChunkMissing(Exception):
     """The chunk's body is not in the cache (evicted, or never built): build it."""
-
-
-def _parts_consistent(parts: object, records: int) -> bool:
-    """A group's `parts`: records and data_start of two or more parts, whole and non-negative,
-    the records adding up to the chunk's."""
-    if not isinstance(parts, dict):
-        return False
-    counts, starts = parts.get("records"), parts.get("data_start")
-    return (
-        isinstance(counts, list)
-        and isinstance(starts, list)
-        and len(counts) == len(starts) > 1
-        and all(type(v) is int and v >= 0 for v in counts + starts)
-        and sum(counts) == records
-    )
-
-
-def manifest_data_start(m: dict) -> DataStart:
-    """A manifest's `data_start`, or its `parts` (a group's; manifests before groups have
-    none)."""
-    if "parts" in m:
-        parts = m["parts"]
-        return tuple(
-            PartStart(n, s) for n, s in zip(parts["records"], parts["data_start"], strict=True)
-        )
-    return int(m["data_start"])
-
-
-def _body_bytes(m: dict) -> int:
-    return m["bin_bytes"] + m["idx_bytes"] + m["rec_bytes"]
 
 
 class StoreView(TokenStore):
