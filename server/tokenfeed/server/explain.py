@@ -24,7 +24,7 @@ def explain_rows(job: Job, plan: Plan) -> list[dict]:
             rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch, "pieces": []}
         for i in np.argsort(pc.row * (job.spec.seq_len + 1) + pc.at, kind="stable"):
             r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
-            job.chunk(d, c)  # its body (and provenance) in the cache
+            job.rows.chunk(d, c)  # its body (and provenance) in the cache
             provenance = job.store.provenance(idx.keys[c])
             pieces = pieces_of(job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
             for doc, ts, te, rs, re in pieces:
@@ -42,10 +42,10 @@ def pieces_of(
     of chunk c (units [lo, hi) from row position `at`)."""
     s, bos = job.spec, int(job.tokenizer.add_bos)
     if s.packing != "best_fit":
-        return packing.concat_pieces(job.stream(d, epoch, c), lo, hi, at, s.seq_len)
+        return packing.concat_pieces(job.rows.stream(d, epoch, c), lo, hi, at, s.seq_len)
     r = lo  # a best_fit unit is a whole row
-    layout = job.bestfit_layout(d, c)
-    lengths = job.chunk(d, c).doc_lengths
+    layout = job.rows.bestfit_layout(d, c)
+    lengths = job.rows.chunk(d, c).doc_lengths
     out = []
     for p in range(int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])):
         doc, off = int(layout.doc[p]), int(layout.offset[p])

@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 from tokenfeed.client import wire
-from tokenfeed.server import bestfit, metrics, order, packing
+from tokenfeed.server import metrics, order, packing
 from tokenfeed.server.assembly import Assembler
 from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.config import JobSpec
@@ -41,7 +41,7 @@ from tokenfeed.server.progress import Progress
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokenize import TextTokenizer
-from tokenfeed.server.tokstore import TokenChunk, TokenStore
+from tokenfeed.server.tokstore import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -392,15 +392,3 @@ class Job:
         plan = self.plan(step, rank, world_size)
         with self.pinned(plan):
             return explain_rows(self, plan)
-
-    def chunk(self, d: int, c: int) -> TokenChunk:
-        return self.rows.chunk(d, c)
-
-    def stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
-        return self.rows.stream(d, epoch, c)
-
-    def bestfit_layout(self, d: int, c: int) -> bestfit.BestFitLayout:
-        return self.rows.bestfit_layout(d, c)
-
-    def forget_gone(self) -> int:
-        return self.rows.forget_gone()

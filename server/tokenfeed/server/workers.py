@@ -350,7 +350,7 @@ async def _worker(
         asyncio.create_task(link.flush_forever(run)),
         asyncio.create_task(push_metrics()),
         asyncio.create_task(
-            every(FORGET_SECONDS, lambda: [j.forget_gone() for j in jobs.values()])
+            every(FORGET_SECONDS, lambda: [j.rows.forget_gone() for j in jobs.values()])
         ),
         asyncio.create_task(front.serving(stop)),
     ]
