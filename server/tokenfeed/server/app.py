@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokstore import TokenStore
 
 log = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 10.0  # between progress lines of the startup index builds
 
 
 def build_jobs(config: Config) -> dict[str, Job]:
@@ -112,7 +115,33 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
     ]
     if jobs:
         tasks.append(asyncio.create_task(release_old_manifests(jobs)))
+        tasks.append(asyncio.create_task(report_builds(jobs)))
     return tokenize, tasks
+
+
+async def report_builds(jobs: dict[str, Job], every: float = PROGRESS_SECONDS) -> None:
+    """A progress line per indexing job every `every` seconds until every job has ended its
+    build (a cold start over a large corpus takes minutes to hours: the log says how far)."""
+    started, last = time.monotonic(), {name: 0 for name in jobs}
+    while True:
+        await asyncio.sleep(every)
+        building = [job for job in jobs.values() if job.state == "indexing"]
+        if not building:
+            return
+        elapsed = time.monotonic() - started
+        for job in building:
+            done, total = job.chunks_indexed, job.num_chunks
+            rate = (done - last[job.name]) / every
+            last[job.name] = done
+            log.info(
+                "job %s: indexing, %d/%d chunks after %.0fs (%.1f chunks/s)%s",
+                job.name,
+                done,
+                total,
+                elapsed,
+                rate,
+                f"; {job.error}" if job.error else "",
+            )
 
 
 async def release_old_manifests(jobs: dict[str, Job]) -> None:
