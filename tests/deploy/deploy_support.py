@@ -250,7 +250,7 @@ def promql_names(expr: str) -> PromQLNames:
 @cache
 def metric_families() -> dict[str, tuple[str, ...]]:
     """{sample name: its label names} for every sample tokenfeed's registry can export, as
-    stored by Prometheus: the `job` label is scraped as `tokenfeed_job` (prometheus.yml)."""
+    stored by Prometheus (which adds the TARGET_LABELS)."""
     from prometheus_client.metrics import MetricWrapperBase
     from tokenfeed.server import metrics
 
@@ -258,7 +258,7 @@ def metric_families() -> dict[str, tuple[str, ...]]:
     for obj in vars(metrics).values():
         if not isinstance(obj, MetricWrapperBase):
             continue
-        labels = tuple("tokenfeed_job" if n == "job" else n for n in obj._labelnames)
+        labels = tuple(obj._labelnames)
         if obj._type == "counter":
             families[obj._name + "_total"] = labels
         elif obj._type == "histogram":

@@ -322,7 +322,7 @@ def test_sidecar_trainer_script(server):
 # ---------------------------------------------------------------- Prometheus on real data
 
 
-def test_scrape_relabels_the_per_job_label(prometheus):
+def test_scrape_keeps_the_per_job_label_apart_from_the_scrape_job(prometheus):
     (up,) = _query(prometheus, 'up{job="tokenfeed"}')
     assert up["value"][1] == "1"
     ready = _query(prometheus, "tokenfeed_job_ready")

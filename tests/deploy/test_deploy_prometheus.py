@@ -91,6 +91,16 @@ def test_every_named_metric_is_in_exported_names():
     assert tokenfeed <= metrics.exported_names()
 
 
+def test_no_exported_label_is_a_target_label():
+    """Prometheus would store a scraped `job` or `instance` as `exported_job`/`exported_instance`
+    (or, with honor_labels, overwrite its own): every scrape config would need a relabel rule."""
+    from deploy_support import TARGET_LABELS, metric_families
+
+    clashes = {n: ls for n, ls in metric_families().items() if set(ls) & TARGET_LABELS}
+    assert clashes == {}
+    assert "tokenfeed_job" in metric_families()["tokenfeed_served_tokens_total"]
+
+
 @pytest.mark.parametrize(
     "expr,problem",
     [

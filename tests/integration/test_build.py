@@ -112,7 +112,7 @@ def test_a_server_on_a_built_store_tokenizes_nothing_and_serves_the_same_batches
         with proc.client("main", timeout=60) as c:
             assert {s: batch_bytes(c.get_batch(s)) for s in STEPS} == expected
         samples = scrape(proc.metrics)
-        assert metric(samples, "tokenfeed_tokenized_documents_total", job="main") == 0
+        assert metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") == 0
         assert metric(samples, "tokenfeed_shared_store_chunks_total", outcome="fetched") > 0
     finally:
         assert proc.stop() == 0, proc.log()

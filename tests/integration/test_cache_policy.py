@@ -116,7 +116,7 @@ def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefe
         assert len(later) == 5
         if prefetch_steps:
             assert misses == 0
-            assert metric(after, "tokenfeed_job_prefetch_lead_steps", job="main") >= 0
+            assert metric(after, "tokenfeed_job_prefetch_lead_steps", tokenfeed_job="main") >= 0
             assert status(proc)["jobs"][0]["furthest_step"] == start + 5
         else:  # the control: without prefetch the steps whose chunks are absent wait on rebuilds
             assert misses > 0 if absent else misses == 0, (absent, misses)

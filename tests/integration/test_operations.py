@@ -72,21 +72,21 @@ def test_a_real_scrape_passes_promtool_and_counts_what_happened(ops):
     assert metric(s, "tokenfeed_requests_total", method="GetBatch", code="OK") == REQUESTS
     assert metric(s, "tokenfeed_requests_total", method="GetBatch", code="INVALID_ARGUMENT") == 1
     assert metric(s, "tokenfeed_request_duration_seconds_count", method="GetBatch") == REQUESTS
-    assert metric(s, "tokenfeed_served_tokens_total", job="main") == REQUESTS * 4 * 64
-    assert metric(s, "tokenfeed_served_bytes_total", job="main") == ops.wire_bytes
+    assert metric(s, "tokenfeed_served_tokens_total", tokenfeed_job="main") == REQUESTS * 4 * 64
+    assert metric(s, "tokenfeed_served_bytes_total", tokenfeed_job="main") == ops.wire_bytes
     assert ops.wire_bytes < REQUESTS * 4 * 64 * 4  # less than one int32 tensor of the batch
-    assert metric(s, "tokenfeed_bad_records_total", job="main", reason="malformed_json") == 1
-    assert metric(s, "tokenfeed_bad_records_total", job="main", reason="not_an_object") == 1
-    assert metric(s, "tokenfeed_job_ready", job="main") == 1
-    assert metric(s, "tokenfeed_job_furthest_step", job="main") == REQUESTS // 2 - 1
-    built = metric(s, "tokenfeed_job_chunks_built", job="main")
-    assert built == metric(s, "tokenfeed_job_chunks", job="main") > 0
-    assert metric(s, "tokenfeed_tokenized_documents_total", job="main") > 400
+    for reason in ("malformed_json", "not_an_object"):
+        assert metric(s, "tokenfeed_bad_records_total", tokenfeed_job="main", reason=reason) == 1
+    assert metric(s, "tokenfeed_job_ready", tokenfeed_job="main") == 1
+    assert metric(s, "tokenfeed_job_furthest_step", tokenfeed_job="main") == REQUESTS // 2 - 1
+    built = metric(s, "tokenfeed_job_chunks_built", tokenfeed_job="main")
+    assert built == metric(s, "tokenfeed_job_chunks", tokenfeed_job="main") > 0
+    assert metric(s, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") > 400
     assert metric(s, "tokenfeed_serving") == 1
 
 
 def test_metrics_are_declared_with_units_and_low_cardinality_labels():
-    allowed = {"job", "method", "code", "kind", "reason", "op", "outcome"}
+    allowed = {"tokenfeed_job", "method", "code", "kind", "reason", "op", "outcome"}
     unitless = {
         "tokenfeed_serving",
         "tokenfeed_job_ready",

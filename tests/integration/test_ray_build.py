@@ -238,7 +238,7 @@ def test_ray_build_publishes_the_same_store_and_servers_tokenize_nothing(
         with proc.client("main", timeout=60) as c:
             assert {s: batch_bytes(c.get_batch(s)) for s in STEPS} == batches
         samples = scrape(proc.metrics)
-        assert metric(samples, "tokenfeed_tokenized_documents_total", job="main") == 0
+        assert metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") == 0
         assert metric(samples, "tokenfeed_shared_store_chunks_total", outcome="fetched") > 0
     finally:
         assert proc.stop() == 0, proc.log()

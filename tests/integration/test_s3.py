@@ -222,7 +222,7 @@ def test_kill_9_while_downloading_then_restart_on_the_same_cache(
     finally:
         assert again.stop() == 0, again.log()
     # The restart kept the finished chunks and tokenized only the rest.
-    redone = metric(samples, "tokenfeed_tokenized_documents_total", job="main")
+    redone = metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main")
     assert 0 < redone < final["num_documents"], (redone, final["num_documents"])
     total = info["num_chunks"]
     rebuilt = len(list((cache / "tokens").rglob("*.json"))) - kept

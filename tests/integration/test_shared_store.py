@@ -97,7 +97,7 @@ def test_two_nodes_tokenize_disjoint_chunks_and_serve_identical_batches(
         got = counts(c)
         assert got["published"] == 0 and got["indexed"] == total and got["fetched"] > 0
         samples = scrape(c.metrics)
-        assert metric(samples, "tokenfeed_tokenized_documents_total", job="main") == 0
+        assert metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") == 0
     finally:
         assert c.stop() == 0, c.log()
 

@@ -93,7 +93,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
             c.close()
         time.sleep(1.5)  # the workers send their counters every second
         samples = scrape(proc.metrics)
-        served = metric(samples, "tokenfeed_served_tokens_total", job="main")
+        served = metric(samples, "tokenfeed_served_tokens_total", tokenfeed_job="main")
         # 8 clients x STEPS x 8 rows + 4 quarter batches + STEPS streamed, 64 tokens a row
         extra_calls = 4 * len(extra)
         assert served == (8 * STEPS * 8 + 8 + STEPS * 8 + extra_calls * 8) * 64
@@ -103,7 +103,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
         # Only the supervisor tokenizes: every document once, whatever the workers read.
         with clients[0].__class__(proc.address, job="main") as c:
             docs = int(c.describe()["num_documents"])
-        assert metric(samples, "tokenfeed_tokenized_documents_total", job="main") == docs
+        assert metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") == docs
     finally:
         assert proc.stop() == 0, proc.log()
     log = proc.log()

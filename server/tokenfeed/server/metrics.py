@@ -1,8 +1,12 @@
 """Every Prometheus metric tokenfeed exports, declared in one place.
 
 Names carry their unit (`_seconds`, `_bytes`, `_total`); labels are low-cardinality by rule:
-`job` (a handful per server), `method`, `code`, `kind`, `reason`, `op`, `outcome`. Never a step,
-a rank, a chunk or an object name: those go to logs and the status page.
+`tokenfeed_job` (a handful per server), `method`, `code`, `kind`, `reason`, `op`, `outcome`.
+Never a step, a rank, a chunk or an object name: those go to logs and the status page.
+
+The training job's label is `tokenfeed_job`, not `job`: Prometheus attaches its own `job` (the
+scrape job) to every series, and a scraped `job` would be renamed `exported_job` unless every
+scrape config relabeled it.
 
 The registry is private to tokenfeed (plus the standard process and platform collectors), so
 a test can read every declared family and deploy files can be checked against it.
@@ -44,13 +48,13 @@ REQUEST_SECONDS = Histogram(
 SERVED_TOKENS = Counter(
     "tokenfeed_served_tokens_total",
     "Token positions sent to trainers (rows x seq_len).",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 SERVED_BYTES = Counter(
     "tokenfeed_served_bytes_total",
     "Compact batch bytes sent to trainers (token array and document boundaries).",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 SERVING = Gauge(
@@ -63,69 +67,72 @@ SERVING = Gauge(
 JOB_READY = Gauge(
     "tokenfeed_job_ready",
     "1 when the job serves batches, 0 while indexing or failed.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 JOB_FAILED = Gauge(
     "tokenfeed_job_failed",
     "1 when the job's data refuses it (see the status page).",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 JOB_CHUNKS = Gauge(
-    "tokenfeed_job_chunks", "Chunks in the job's corpus.", ["job"], registry=REGISTRY
+    "tokenfeed_job_chunks", "Chunks in the job's corpus.", ["tokenfeed_job"], registry=REGISTRY
 )
 JOB_CHUNKS_BUILT = Gauge(
     "tokenfeed_job_chunks_built",
     "Chunks of the job that are tokenized and indexed.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 JOB_FURTHEST_STEP = Gauge(
     "tokenfeed_job_furthest_step",
     "Highest step any rank requested of the job.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 PREFETCH_LEAD_STEPS = Gauge(
     "tokenfeed_job_prefetch_lead_steps",
     "Steps past the furthest requested step whose chunks are in the cache.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 PREFETCH_LEAD_SECONDS = Gauge(
     "tokenfeed_job_prefetch_lead_seconds",
     "Prefetch lead in steps divided by the job's recent step rate.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 BAD_RECORDS = Counter(
     "tokenfeed_bad_records_total",
     "Source records skipped, by reason.",
-    ["job", "reason"],
+    ["tokenfeed_job", "reason"],
     registry=REGISTRY,
 )
 
 # ---------------------------------------------------------------- tokenization
 TOKENIZED_DOCUMENTS = Counter(
-    "tokenfeed_tokenized_documents_total", "Documents tokenized.", ["job"], registry=REGISTRY
+    "tokenfeed_tokenized_documents_total",
+    "Documents tokenized.",
+    ["tokenfeed_job"],
+    registry=REGISTRY,
 )
 TOKENIZED_TOKENS = Counter(
     "tokenfeed_tokenized_tokens_total",
     "Tokens produced by the tokenizer.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 TOKENIZED_BYTES = Counter(
     "tokenfeed_tokenized_source_bytes_total",
     "Source bytes read to tokenize.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 TOKENIZE_SECONDS = Counter(
     "tokenfeed_tokenize_seconds_total",
     "Thread-seconds spent reading and tokenizing chunks.",
-    ["job"],
+    ["tokenfeed_job"],
     registry=REGISTRY,
 )
 
