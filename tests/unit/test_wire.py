@@ -185,6 +185,21 @@ def test_decoding_is_zero_copy_and_checked():
     assert Batch(bad, verify=False)["input_ids"].shape == (4, 8)  # verification is optional
 
 
+def test_uint16_input_ids_and_labels_share_one_widened_copy():
+    tensors, c = concat_case([40, 7, 13], 8, [0, 2, 4, 5], False, np.dtype("<u2"))
+    batch = Batch(over_the_wire(encode(c)))
+    ids, labels = batch["input_ids"], batch["labels"]
+    assert ids.dtype == labels.dtype == np.int32
+    assert np.array_equal(ids, tensors["input_ids"])
+    assert np.array_equal(labels, tensors["labels"])
+    # one int32 copy of the [rows, seq_len + 1] tokens, both tensors views of it
+    assert np.shares_memory(ids, labels)
+    assert not np.shares_memory(ids, batch.compact.tokens)
+    assert not ids.flags.writeable and not labels.flags.writeable
+    with pytest.raises(ValueError):
+        ids.base[0, 0] = 7  # the shared copy is read-only too
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

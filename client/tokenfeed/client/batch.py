@@ -2,9 +2,10 @@
 
 `Batch` maps tensor names to read-only int32 numpy arrays of shape [rows, seq_len], computed
 lazily from the compact wire form (wire.py) the first time each is asked for: a trainer that
-reads only `input_ids` and `labels` pays for nothing else, and with int32 tokens those two are
-views of the received bytes. `batch.compact` is the compact form itself, for helpers that
-expand it on an accelerator (torch.py, jax.py).
+reads only `input_ids` and `labels` pays for nothing else, and those two are views of one
+int32 token array: the received bytes themselves with int32 tokens, one widened copy with
+uint16. `batch.compact` is the compact form itself, for helpers that expand it on an
+accelerator (torch.py, jax.py).
 `microbatches` splits a rank's batch into gradient-accumulation micro-batches, also views.
 `varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from tokenfeed.client.wire import TENSOR_NAMES, Compact, decode, expand
+from tokenfeed.client.wire import TENSOR_NAMES, Compact, decode, expand, tokens_int32
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 
@@ -24,6 +25,7 @@ class Batch(Mapping[str, np.ndarray]):
     __slots__ = (
         "compact",
         "_arrays",
+        "_wide",
         "job",
         "step",
         "rank",
@@ -37,6 +39,7 @@ class Batch(Mapping[str, np.ndarray]):
     def __init__(self, msg: pb.Batch, verify: bool = True, server: str = ""):
         self.compact: Compact = decode(msg, verify)
         self._arrays: dict[str, np.ndarray] = {}
+        self._wide: np.ndarray | None = None  # tokens as int32: input_ids and labels view it
         self.job, self.step, self.rank = msg.job, msg.step, msg.rank
         self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
         self.job_fingerprint = msg.job_fingerprint
@@ -47,7 +50,10 @@ class Batch(Mapping[str, np.ndarray]):
         if arr is None:
             if name not in TENSOR_NAMES:
                 raise KeyError(name)
-            arr = expand(self.compact, name)
+            if name in ("input_ids", "labels") and self._wide is None:
+                self._wide = tokens_int32(self.compact)
+                self._wide.flags.writeable = False
+            arr = expand(self.compact, name, self._wide)
             arr.flags.writeable = False
             self._arrays[name] = arr
         return arr

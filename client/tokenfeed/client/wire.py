@@ -216,14 +216,21 @@ def _used(c: Compact) -> np.ndarray | None:
     return (c.seq_len + 1 - c.padding.astype(np.int64))[:, None]
 
 
-def expand(c: Compact, name: str) -> np.ndarray:
+def tokens_int32(c: Compact) -> np.ndarray:
+    """The token array [rows, seq_len + 1] as int32: the array itself when it travelled as
+    int32, else one contiguous widening pass (half the cost of widening `input_ids` and
+    `labels` apart, which are strided views of it: bench/, client section)."""
+    return c.tokens.astype(np.int32, copy=False)
+
+
+def expand(c: Compact, name: str, wide: np.ndarray | None = None) -> np.ndarray:
     """One of the trainer's int32 tensors [rows, seq_len], computed with vectorised numpy:
-    `input_ids` and `labels` are views when the tokens are int32."""
+    `input_ids` and `labels` are views of `wide` (`tokens_int32(c)`, made here when not
+    given), so with int32 tokens they are views of the received bytes."""
     L = c.seq_len
-    if name == "input_ids":
-        return c.tokens[:, :L].astype(np.int32, copy=False)
-    if name == "labels":
-        return c.tokens[:, 1:].astype(np.int32, copy=False)
+    if name in ("input_ids", "labels"):
+        wide = tokens_int32(c) if wide is None else wide
+        return wide[:, :L] if name == "input_ids" else wide[:, 1:]
     col = np.arange(L, dtype=np.int32)
     used = _used(c)
     if name == "loss_mask":
