@@ -4,11 +4,15 @@ and a drain. The tools come from scripts/install_tools.sh (`make test` runs it).
 
 from __future__ import annotations
 
+import html
+import importlib.metadata
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -186,11 +190,35 @@ def render_with_chromium(url: str, tmp: Path, *extra: str) -> subprocess.Complet
     return subprocess.run([tool("chromium"), *flags, *extra, url], capture_output=True, timeout=120)
 
 
+def uptime_on(page: str) -> int:
+    (seconds,) = re.findall(r'<td id="uptime" data-seconds="(\d+)">', page)
+    return int(seconds)
+
+
 def test_status_page_in_headless_chromium(ops, tmp_path):
     url = f"http://{ops.metrics}/"
     dom = render_with_chromium(url, tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr.decode()[-2000:]
     page = dom.stdout.decode()
+    # Which server this is, and for how long it has run.
+    host = html.escape(socket.gethostname())
+    assert f'<td id="host">{host}</td>' in page
+    assert f'<td id="node">{host}</td>' in page  # no shared store: the node is the host
+    version = importlib.metadata.version("tokenfeed")
+    assert f'<td id="version">{html.escape(version)}</td>' in page
+    first = uptime_on(page)
+    assert first >= 1  # the fixture built and served before this page
+    time.sleep(1.1)
+    again = render_with_chromium(url, tmp_path, "--dump-dom")
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    assert uptime_on(again.stdout.decode()) > first
+    # It reloads itself without a script, and links to the metrics it summarizes.
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page
+    (metrics_href,) = re.findall(r'<a href="([^"]*)">/metrics</a>', page)
+    with urllib.request.urlopen(urllib.parse.urljoin(url, metrics_href), timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        assert b"\ntokenfeed_serving 1.0\n" in r.read()
     assert '<h3 id="job-main">main <span class="ready">ready</span></h3>' in page
     assert "Disk cache" in page and "evictions" in page
     assert "<th>throughput</th><td>0 tokens/s" not in page  # traffic within the last minute
@@ -207,6 +235,29 @@ def test_status_page_in_headless_chromium(ops, tmp_path):
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
     if os.environ.get("TOKENFEED_REGEN_SCREENSHOT"):  # the one kept in docs/
         shutil.copyfile(shot, ROOT / "docs" / "status-page.png")
+
+
+def test_status_names_the_shared_store_node_of_a_supervisor(tmp_path, corpus):
+    cfg = write_config(
+        tmp_path / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp_path / "cache",
+        metrics_listen="127.0.0.1:0",
+        workers=2,
+    )
+    cfg.write_text(cfg.read_text() + f"store:\n  uri: {tmp_path / 'shared'}\n  node: data-7\n")
+    proc = ServerProcess(cfg, tmp_path / "server.log")
+    try:
+        assert proc.wait_ready("main", timeout=120)["state"] == "JOB_STATE_READY", proc.log()
+        with urllib.request.urlopen(f"http://{proc.metrics}/status.json", timeout=10) as r:
+            server = json.loads(r.read())["server"]
+        assert server["node"] == "data-7"  # store.node, as the fleet's heartbeats name it
+        assert server["host"] == socket.gethostname()
+        assert server["version"] == importlib.metadata.version("tokenfeed")
+        assert 0 < server["uptime_seconds"] < 300
+        assert abs(server["started"] + server["uptime_seconds"] - time.time()) < 5
+    finally:
+        assert proc.stop() == 0, proc.log()
 
 
 def test_health_serves_only_once_built_and_not_while_draining(tmp_path, corpus, faults, s3_bucket):

@@ -1,10 +1,14 @@
 """The HTTP port for operators: `/metrics` (Prometheus text format) and `/` (a status page).
 
 The status page is one HTML document with inline CSS and no scripts or external assets, so it
-renders anywhere a browser can reach the port (a `kubectl port-forward` included): each job's
-state, build progress, furthest step, each rank's latest step, prefetch lead, cache use,
-throughput over the last minute and the most recent warnings and errors. `/status.json` gives
-the same content as JSON.
+renders anywhere a browser can reach the port (a `kubectl port-forward` included): which server
+it is (host, node name, version, uptime), each job's state, build progress, furthest step, each
+rank's latest step, prefetch lead, cache use, throughput over the last minute and the most
+recent warnings and errors. It reloads itself every few seconds with a meta refresh (no script
+needed). `/status.json` gives the same content as JSON.
+
+A page costs the same whatever the corpus: the server's identity is found once, at start, and
+every other figure is a running total (jobs, datasets, ranks and cache kinds are few).
 
 Runs in its own thread; it reads job state without locks (counters and snapshots of dicts:
 a page may be a moment stale, never inconsistent enough to matter).
@@ -14,8 +18,10 @@ from __future__ import annotations
 
 import collections
 import html
+import importlib.metadata
 import json
 import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +35,9 @@ log = logging.getLogger(__name__)
 
 RECENT_EVENTS = 50
 _SAMPLE_SECONDS, _WINDOW_SECONDS = 5.0, 60.0
+# Often enough to follow a build or a run, rarely enough that an open tab costs nothing: the
+# throughput it shows is sampled every _SAMPLE_SECONDS anyway.
+REFRESH_SECONDS = 5
 
 
 class RecentEvents(logging.Handler):
@@ -64,6 +73,45 @@ class _Throughput:
         return served / elapsed if elapsed > 0 else 0.0
 
 
+def version() -> str:
+    """The installed package's version, as `tokenfeed --version` prints it."""
+    try:
+        return importlib.metadata.version("tokenfeed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
+class Identity:
+    """Which server a page comes from: found once, when the port opens (moments after the
+    process starts, so its uptime is the server's)."""
+
+    def __init__(self, jobs: dict[str, Job]):
+        self.host = socket.gethostname()
+        self.node = _shared_store_node(jobs) or self.host
+        self.version = version()
+        self.started = time.time()
+        self._started = time.monotonic()
+
+    def as_dict(self) -> dict:
+        return {
+            "host": self.host,
+            "node": self.node,
+            "version": self.version,
+            "started": self.started,
+            "uptime_seconds": round(time.monotonic() - self._started, 1),
+        }
+
+
+def _shared_store_node(jobs: dict[str, Job]) -> str:
+    """The name this node heartbeats under in the shared store (`store.node`: the fleet's
+    rendezvous hashing assigns chunks to it), or empty without a shared store."""
+    for job in jobs.values():
+        for index in job.indexes:
+            if index.shared is not None:
+                return index.shared.node
+    return ""
+
+
 def refresh_gauges(jobs: dict[str, Job]) -> None:
     """Job gauges read from the jobs at scrape time."""
     for name, job in jobs.items():
@@ -77,9 +125,17 @@ def refresh_gauges(jobs: dict[str, Job]) -> None:
         metrics.PREFETCH_LEAD_SECONDS.labels(name).set(p.lead_seconds)
 
 
-def status(jobs: dict[str, Job], events: RecentEvents, throughput: _Throughput) -> dict:
+def status(
+    jobs: dict[str, Job], events: RecentEvents, throughput: _Throughput, identity: Identity
+) -> dict:
     cache = next(iter(jobs.values())).store.cache if jobs else None
-    out = {"time": time.time(), "jobs": [], "cache": None, "events": []}
+    out = {
+        "time": time.time(),
+        "server": identity.as_dict(),
+        "jobs": [],
+        "cache": None,
+        "events": [],
+    }
     for name, job in sorted(jobs.items()):
         p = job.progress
         ranks = sorted(dict(p.ranks).items())
@@ -121,16 +177,36 @@ def _when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    d, h, m, s = s // 86400, s // 3600 % 24, s // 60 % 60, s % 60
+    if d:
+        return f"{d} d {h} h {m:02d} min"
+    if h:
+        return f"{h} h {m:02d} min {s:02d} s"
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
 def render(s: dict) -> str:
     e = html.escape
+    srv = s["server"]
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>tokenfeed status</title>",
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<meta http-equiv='refresh' content='{REFRESH_SECONDS}'>",
+        f"<title>tokenfeed {e(srv['node'])}</title>",
         "<style>body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}"
         "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;"
         "padding:.25em .6em;text-align:left}th{background:#f3f3f3}.ready{color:#070}"
         ".failed{color:#b00}.indexing{color:#a60}.bar{background:#eee;width:12em;height:.8em}"
         ".bar div{background:#47a;height:100%}</style></head><body>",
-        f"<h1>tokenfeed</h1><p>as of {_when(s['time'])}</p><h2>Jobs</h2>",
+        f"<h1>tokenfeed</h1><table><tr><th>host</th><td id='host'>{e(srv['host'])}</td></tr>"
+        f"<tr><th>node</th><td id='node'>{e(srv['node'])}</td></tr>"
+        f"<tr><th>version</th><td id='version'>{e(srv['version'])}</td></tr>"
+        f"<tr><th>uptime</th><td id='uptime' data-seconds='{int(srv['uptime_seconds'])}'>"
+        f"{_duration(srv['uptime_seconds'])} (since {_when(srv['started'])})</td></tr></table>"
+        f"<p>as of {_when(s['time'])}, reloaded every {REFRESH_SECONDS} s; "
+        "<a href='/metrics'>/metrics</a> (Prometheus), "
+        "<a href='/status.json'>/status.json</a></p><h2>Jobs</h2>",
     ]
     for j in s["jobs"]:
         built = j["chunks_built"] / j["chunks"] if j["chunks"] else 0.0
@@ -190,6 +266,7 @@ class StatusServer:
     def __init__(self, listen: str, jobs: dict[str, Job], registry=metrics.REGISTRY):
         host, _, port = listen.rpartition(":")
         self.jobs, self.events, self.throughput = jobs, RecentEvents(), _Throughput(jobs)
+        self.identity = Identity(jobs)
         logging.getLogger().addHandler(self.events)
         outer = self
 
@@ -200,10 +277,10 @@ class StatusServer:
                     refresh_gauges(outer.jobs)
                     self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
                 elif path in ("/", "/status"):
-                    page = render(status(outer.jobs, outer.events, outer.throughput))
+                    page = render(outer.status())
                     self._send(200, "text/html; charset=utf-8", page.encode())
                 elif path == "/status.json":
-                    body = json.dumps(status(outer.jobs, outer.events, outer.throughput))
+                    body = json.dumps(outer.status())
                     self._send(200, "application/json", body.encode())
                 else:
                     self._send(404, "text/plain", b"not found: try /, /metrics, /status.json\n")
@@ -228,6 +305,9 @@ class StatusServer:
         threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True).start()
         threading.Thread(target=self._sample, name="throughput", daemon=True).start()
         log.info("metrics and status page on http://%s/", self.address)
+
+    def status(self) -> dict:
+        return status(self.jobs, self.events, self.throughput, self.identity)
 
     def _sample(self) -> None:
         while not self._stop.wait(_SAMPLE_SECONDS):
