@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import xxhash
@@ -26,7 +27,10 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 WIRE_VERSION = 2
 TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
-_TOKEN_DTYPES = {pb.DTYPE_UINT16: np.dtype("<u2"), pb.DTYPE_INT32: np.dtype("<i4")}
+_TOKEN_DTYPES: dict[pb.DType, np.dtype] = {
+    pb.DTYPE_UINT16: np.dtype("<u2"),
+    pb.DTYPE_INT32: np.dtype("<i4"),
+}
 _TOKEN_CODES = {dtype: code for code, dtype in _TOKEN_DTYPES.items()}
 
 
@@ -126,34 +130,50 @@ def _header(c: Compact) -> bytes:
 
 
 def fingerprint(c: Compact) -> str:
+    # `.data`: the contiguous array's own bytes, without a copy.
     h = xxhash.xxh3_128(_header(c))
-    h.update(np.ascontiguousarray(c.tokens))
-    h.update(np.ascontiguousarray(c.starts))
-    h.update(np.ascontiguousarray(c.row_splits))
+    h.update(np.ascontiguousarray(c.tokens).data)
+    h.update(np.ascontiguousarray(c.starts).data)
+    h.update(np.ascontiguousarray(c.row_splits).data)
     if c.padding is not None:
-        h.update(np.ascontiguousarray(c.padding))
+        h.update(np.ascontiguousarray(c.padding).data)
     return h.hexdigest()
 
 
-def encode(c: Compact, with_tokens: bool = True) -> dict:
+class BatchFields(TypedDict):
+    """The fields of a `tokenfeed.v1.Batch` that carry a compact batch."""
+
+    wire_version: int
+    rows: int
+    seq_len: int
+    token_dtype: pb.DType
+    tokens: NotRequired[bytes]
+    starts: bytes
+    row_splits: bytes
+    padding: bytes
+    fingerprint: str
+
+
+def encode(c: Compact, with_tokens: bool = True) -> BatchFields:
     """The fields of a `tokenfeed.v1.Batch` that carry the compact batch, with its fingerprint
     (without `tokens` when `with_tokens` is false: a server appends them to the serialized
     message itself, copying them once)."""
     dtype = np.dtype(c.tokens.dtype).newbyteorder("<")
     if dtype not in _TOKEN_CODES:
         raise WireError(f"tokens of dtype {c.tokens.dtype} have no wire encoding")
-    tokens = {"tokens": np.ascontiguousarray(c.tokens).tobytes()} if with_tokens else {}
-    return {
+    fields: BatchFields = {
         "wire_version": WIRE_VERSION,
         "rows": c.rows,
         "seq_len": c.seq_len,
         "token_dtype": _TOKEN_CODES[dtype],
-        **tokens,
         "starts": c.starts.tobytes(),
         "row_splits": c.row_splits.astype("<i4").tobytes(),
         "padding": b"" if c.padding is None else c.padding.tobytes(),
         "fingerprint": fingerprint(c),
     }
+    if with_tokens:
+        fields["tokens"] = np.ascontiguousarray(c.tokens).tobytes()
+    return fields
 
 
 def _array(data: bytes, dtype: np.dtype, count: int, what: str) -> np.ndarray:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
-class LRU:
+class LRU(Generic[K, V]):
     """A small thread-safe LRU; `make` runs outside the lock (two threads may both make a
     value on a miss: every value here is a pure function of its key, so either is right)."""
 
@@ -16,26 +20,26 @@ class LRU:
         """`capacity` items; with `budget_bytes`, also at most that many bytes of values
         (numpy arrays: their nbytes), always keeping the newest."""
         self.capacity, self.budget = capacity, budget_bytes
-        self._items: OrderedDict = OrderedDict()
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def contains(self, key) -> bool:
+    def contains(self, key: K) -> bool:
         with self._lock:
             return key in self._items
 
-    def keys(self) -> list:
+    def keys(self) -> list[K]:
         with self._lock:
             return list(self._items)
 
-    def discard(self, key) -> None:
+    def discard(self, key: K) -> None:
         with self._lock:
             self._bytes -= self._size(self._items.pop(key, None))
 
-    def _size(self, value) -> int:
+    def _size(self, value: V | None) -> int:
         return int(getattr(value, "nbytes", 0)) if self.budget else 0
 
-    def get_or_make(self, key, make: Callable):
+    def get_or_make(self, key: K, make: Callable[[], V]) -> V:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)

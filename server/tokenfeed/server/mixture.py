@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+import numpy.typing as npt
 from tokenfeed.server import order
 
 # Above this period the weights are rounded (each share moves by less than 1/MAX_PERIOD).
@@ -50,7 +51,7 @@ def integer_weights(weights: list[Fraction]) -> list[int]:
     return [o // g for o in out]
 
 
-def chairman_sequence(a: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def chairman_sequence(a: list[int]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
     """(owner, rank) over one period: slot q belongs to dataset owner[q] and is that dataset's
     rank[q]-th slot of the period.
 
@@ -87,7 +88,7 @@ class Phase:
 
 
 class _PhasePlan:
-    def __init__(self, phase: Phase, offsets: np.ndarray):
+    def __init__(self, phase: Phase, offsets: npt.NDArray[np.int64]):
         self.phase = phase
         self.a = np.array(integer_weights(list(phase.weights)), dtype=np.int64)
         self.period = int(self.a.sum())
@@ -98,10 +99,11 @@ class _PhasePlan:
         np.cumsum(self.before, axis=0, out=self.before)
         self.offsets = offsets  # dataset rows used before this phase
 
-    def used(self, slots: int) -> np.ndarray:
+    def used(self, slots: int) -> npt.NDArray[np.int64]:
         """Rows of each dataset behind the first `slots` slots of this phase."""
         whole, part = divmod(slots, self.period)
-        return whole * self.a + self.before[part]
+        before: npt.NDArray[np.int64] = self.before[part]
+        return whole * self.a + before
 
 
 class Schedule:
@@ -132,7 +134,9 @@ class Schedule:
     def batch_size(self, step: int) -> int:
         return self.plan_at(step).phase.global_batch_size
 
-    def rows(self, step: int, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def rows(
+        self, step: int, first: int, count: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(dataset index, dataset row) of batch positions [first, first+count) of `step`."""
         plan = self.plan_at(step)
         b = plan.phase.global_batch_size
@@ -141,19 +145,21 @@ class Schedule:
             keys = order.round_keys("slots", self.seed, step)
             positions = order.permute(positions, b, keys)
         slots = (step - plan.phase.start_step) * b + positions
+        whole: npt.NDArray[np.int64]
+        q: npt.NDArray[np.int64]
         whole, q = np.divmod(slots, plan.period)
         dataset = plan.owner[q].astype(np.int64)
         row = plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q]
         return dataset, row
 
-    def consumed(self, step: int) -> np.ndarray:
+    def consumed(self, step: int) -> npt.NDArray[np.int64]:
         """Rows of each dataset in all global batches before `step`."""
         plan = self.plan_at(step)
         return plan.offsets + plan.used(
             (step - plan.phase.start_step) * plan.phase.global_batch_size
         )
 
-    def counts(self, step: int) -> np.ndarray:
+    def counts(self, step: int) -> npt.NDArray[np.int64]:
         """Rows of each dataset in the whole global batch of `step` (its apportionment)."""
         plan = self.plan_at(step)
         b, k = plan.phase.global_batch_size, step - plan.phase.start_step

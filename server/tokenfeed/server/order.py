@@ -25,8 +25,10 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import overload
 
 import numpy as np
+import numpy.typing as npt
 
 ROUNDS = 8
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -42,7 +44,7 @@ def round_keys(*parts: object) -> tuple[int, ...]:
     return tuple(int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(ROUNDS))
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
+def _mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     x = (x ^ (x >> _S30)) * _M1
     x = (x ^ (x >> _S27)) * _M2
     return x ^ (x >> _S31)
@@ -53,7 +55,9 @@ def _half_bits(n: int) -> int:
     return (bits + 1) // 2
 
 
-def _feistel(x: np.ndarray, half: int, keys: tuple[int, ...], inverse: bool) -> np.ndarray:
+def _feistel(
+    x: npt.NDArray[np.uint64], half: int, keys: tuple[int, ...], inverse: bool
+) -> npt.NDArray[np.uint64]:
     mask = np.uint64((1 << half) - 1)
     shift = np.uint64(half)
     left, right = x >> shift, x & mask
@@ -68,7 +72,17 @@ def _feistel(x: np.ndarray, half: int, keys: tuple[int, ...], inverse: bool) -> 
     return (left << shift) | right
 
 
-def permute(index: np.ndarray | int, n: int, keys: tuple[int, ...], inverse: bool = False):
+@overload
+def permute(
+    index: int | np.integer, n: int, keys: tuple[int, ...], inverse: bool = False
+) -> int: ...
+@overload
+def permute(
+    index: np.ndarray, n: int, keys: tuple[int, ...], inverse: bool = False
+) -> npt.NDArray[np.int64]: ...
+def permute(
+    index: np.ndarray | int | np.integer, n: int, keys: tuple[int, ...], inverse: bool = False
+) -> npt.NDArray[np.int64] | int:
     """The keyed bijection of [0, n) (or its inverse) at `index` (an int or an integer array)."""
     if n <= 0:
         raise ValueError(f"permutation domain must be non-empty, got n={n}")
@@ -128,7 +142,13 @@ def first_row(units: int, per_row: int) -> int:
     return -(-units // per_row)
 
 
-def epoch_of_row(row: np.ndarray | int, units_per_epoch: int, per_row: int):
+@overload
+def epoch_of_row(row: int | np.integer, units_per_epoch: int, per_row: int) -> np.int64: ...
+@overload
+def epoch_of_row(row: np.ndarray, units_per_epoch: int, per_row: int) -> npt.NDArray[np.int64]: ...
+def epoch_of_row(
+    row: np.ndarray | int | np.integer, units_per_epoch: int, per_row: int
+) -> npt.NDArray[np.int64] | np.int64:
     """The epoch in which row `row` starts: the largest e with first_row(e*U) <= row."""
     return (np.asarray(row, dtype=np.int64) * per_row) // units_per_epoch
 

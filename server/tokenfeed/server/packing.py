@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+Int64s = npt.NDArray[np.int64]
 
 TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask")
 
@@ -37,17 +40,17 @@ def concat_units(num_tokens: int, num_docs: int, add_bos: bool) -> int:
 class ChunkStream:
     """A chunk's documents in one epoch's order, as segments of one token stream."""
 
-    doc_starts: np.ndarray  # int64 [D]: offset of each permuted document's tokens in the chunk
-    seg_starts: np.ndarray  # int64 [D+1]: stream offset where each segment starts; last = T
+    doc_starts: Int64s  # [D]: offset of each permuted document's tokens in the chunk
+    seg_starts: Int64s  # [D+1]: stream offset where each segment starts; last = T
     bos: int  # 1 if each segment opens with BOS, else 0
-    doc_ids: np.ndarray  # int64 [D]: the chunk's document index behind each segment
+    doc_ids: Int64s  # [D]: the chunk's document index behind each segment
 
     @property
     def total(self) -> int:
         return int(self.seg_starts[-1])
 
     @property
-    def eos_at(self) -> np.ndarray:
+    def eos_at(self) -> Int64s:
         """Stream position of each segment's EOS."""
         return self.seg_starts[1:] - 1
 
@@ -66,13 +69,13 @@ def concat_stream(
 def fill_concat(
     stream: ChunkStream,
     tokens: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    at: np.ndarray,
+    lo: Int64s,
+    hi: Int64s,
+    at: Int64s,
     bos_id: int,
     eos_id: int,
     ids: np.ndarray,
-) -> np.ndarray:
+) -> Int64s:
     """Write stream positions [lo[i], hi[i]) of one chunk into the flat array `ids` from flat
     index at[i]; return the flat indices where a document's segment begins.
 
@@ -96,7 +99,7 @@ def fill_concat(
     seg_lo, seg_hi = seg_starts[seg], seg_starts[seg + 1]
     a = np.maximum(lo[pair_piece], seg_lo)  # the pair's stream range [a, b)
     b = np.minimum(hi[pair_piece], seg_hi)
-    dest = at[pair_piece] + (a - lo[pair_piece])
+    dest: Int64s = at[pair_piece] + (a - lo[pair_piece])
     # One gather: position p of a segment reads doc_start + (p - seg_lo - bos); the EOS and
     # BOS slots read a clipped neighbour and are overwritten below.
     lens = b - a
@@ -114,7 +117,7 @@ def fill_concat(
         done += n
     eos = (seg_hi - 1 >= a) & (seg_hi - 1 < b)
     ids[dest[eos] + (seg_hi - 1 - a)[eos]] = eos_id
-    begins = seg_lo >= a  # the segment starts inside this piece
+    begins: npt.NDArray[np.bool] = seg_lo >= a  # the segment starts inside this piece
     if stream.bos:
         ids[dest[begins]] = bos_id
     return dest[begins]
@@ -160,11 +163,11 @@ def materialise(
 def copy_pieces(
     stream: ChunkStream,
     ids: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    at: np.ndarray,
+    lo: Int64s,
+    hi: Int64s,
+    at: Int64s,
     out: np.ndarray,
-) -> np.ndarray:
+) -> Int64s:
     """Copy stream positions [lo[i], hi[i]) of a materialised stream `ids` to the flat `out`
     from at[i]; return the flat indices where a document's segment begins."""
     for a, b, d in zip(lo.tolist(), hi.tolist(), at.tolist(), strict=True):
@@ -172,7 +175,7 @@ def copy_pieces(
     first = np.searchsorted(stream.seg_starts, lo, side="left")
     count = np.searchsorted(stream.seg_starts, hi, side="left") - first
     total = int(count.sum())
-    idx = np.arange(total) + np.repeat(first - (np.cumsum(count) - count), count)
+    idx: Int64s = np.arange(total) + np.repeat(first - (np.cumsum(count) - count), count)
     return stream.seg_starts[idx] + np.repeat(at - lo, count)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -49,8 +50,8 @@ class Planner:
 
     def __init__(self, spec: JobSpec, indexes: list[DatasetIndex], schedule: Schedule):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
-        self._layouts: LRU = LRU(4 * len(indexes))
-        self._windows: LRU = LRU(16 * len(indexes))
+        self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
+        self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))
 
     def check_request(self, step: int, rank: int, world_size: int) -> None:
         limit = MAX_STEP // max(p.global_batch_size for p in self.spec.phases)
@@ -105,7 +106,7 @@ class Planner:
             natural[sel] = order.natural_rows(
                 self.layout(d, epoch),
                 rows[sel],
-                lambda w, d=d, e=epoch: self.window_perm(d, e, w),
+                partial(self.window_perm, d, epoch),
             )
         pieces = order.locate_units(
             natural * idx.per_row, idx.span, idx.units_per_epoch, lambda e: self.layout(d, e)
@@ -129,7 +130,7 @@ class Planner:
     @staticmethod
     def plan_chunks(plan: Plan) -> set[tuple[int, int, int]]:
         """The (dataset, epoch, chunk) stretches a plan reads."""
-        out = set()
+        out: set[tuple[int, int, int]] = set()
         for p in plan.parts:
             pairs = zip(p.pieces.epoch.tolist(), p.pieces.chunk.tolist(), strict=True)
             out.update((p.dataset, e, c) for e, c in pairs)

@@ -7,7 +7,7 @@ import functools
 import logging
 import time
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -132,8 +132,10 @@ def batch_message(
         **fields,
     ).SerializeToString()
     tokens = np.ascontiguousarray(compact.tokens)
-    message = b"".join((head, _TOKENS_TAG, _varint(tokens.nbytes), tokens))
-    payload = tokens.nbytes + sum(len(fields[k]) for k in ("starts", "row_splits", "padding"))
+    message = b"".join((head, _TOKENS_TAG, _varint(tokens.nbytes), tokens.data))
+    payload = (
+        tokens.nbytes + len(fields["starts"]) + len(fields["row_splits"]) + len(fields["padding"])
+    )
     return message, payload
 
 
@@ -141,7 +143,7 @@ def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
     """The TokenFeed service on `server`, with request parsers that turn undecodable bytes into
     INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "GetBatch": unary(servicer.GetBatch, _parse(pb.GetBatchRequest), _serialized),
         "StreamBatches": stream(
             servicer.StreamBatches, _parse(pb.StreamBatchesRequest), _serialized
