@@ -19,8 +19,8 @@ from tokenfeed.server.config import (
     TokenizerSpec,
     from_dict,
     load,
-    parse_size,
 )
+from tokenfeed.server.configread import parse_size
 from tokenfeed.server.errors import ConfigError
 
 YAML = """\

@@ -50,7 +50,10 @@ def test_mixture_with_a_schedule_loads_exact_weights():
             job(schedule=[{"start_step": 50}, {"start_step": 20}]),
             ["jobs.mix.schedule[1].start_step", "20 is not after 50"],
         ),
-        (job(schedule=[{"start_step": 0}]), ["jobs.mix.schedule[0].start_step", ">= 1"]),
+        (
+            job(schedule=[{"start_step": 0}]),
+            ["jobs.mix.schedule[0].start_step", "increasing order", "0 is not after 0"],
+        ),
         (job(weights={"web": 0, "code": 0}), ["jobs.mix.weights", "positive sum"]),
         (
             job(schedule=[{"start_step": 5, "weights": {"web": -1}}]),
