@@ -478,3 +478,61 @@ def test_a_missing_certificate_fails_the_start_naming_key_and_path(tmp_path, cor
     )
     assert out.returncode == 2, out.stderr
     assert f"server.tls.cert_file: cannot read '{missing}'" in out.stderr
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_remote_commands_take_tls_and_token_from_flags_and_environment(
+    token_servers, mtls_server, pki, tmp_path
+):
+    (server, _), _ = token_servers
+    roots = ("--tls-root-certs", str(pki.ca))
+    denied = _cli("describe", "--target", server.address, "--job", "main", *roots)
+    assert denied.returncode == 2 and "UNAUTHENTICATED" in denied.stderr, denied.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    by_file = _cli(
+        "describe",
+        "--target",
+        server.address,
+        "--job",
+        "main",
+        *roots,
+        "--token-file",
+        str(token_file),
+    )
+    assert by_file.returncode == 0, by_file.stderr
+    assert json.loads(by_file.stdout)[0]["name"] == "main"
+    by_env = _cli(
+        "explain",
+        "--target",
+        server.address,
+        "--job",
+        "main",
+        "--step",
+        "1",
+        "--json",
+        *roots,
+        env={"TOKENFEED_TOKEN": TOKEN},
+    )
+    assert by_env.returncode == 0, by_env.stderr
+    assert json.loads(by_env.stdout)["step"] == 1
+    unset = _cli("describe", "--target", server.address, *roots, "--token-env", "TF_NO_SUCH_VAR")
+    assert unset.returncode == 2 and "TF_NO_SUCH_VAR is unset" in unset.stderr
+    # mTLS: the client certificate from the same CA
+    mtls = ("--tls-client-cert", str(pki.client_cert), "--tls-client-key", str(pki.client_key))
+    ok = _cli("describe", "--target", mtls_server.address, *roots, *mtls)
+    assert ok.returncode == 0 and json.loads(ok.stdout)[0]["name"] == "main", ok.stderr
+    missing = _cli("describe", "--target", mtls_server.address, "--tls-root-certs", "/nonexistent")
+    assert missing.returncode == 2 and "/nonexistent" in missing.stderr, missing.stderr
