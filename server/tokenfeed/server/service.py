@@ -23,8 +23,11 @@ if TYPE_CHECKING:
     from tokenfeed.server.index import DatasetIndex
 
 # Steps of a stream assembled in one pass (at most server.stream_ahead): small batches pay
-# their fixed costs once per group (bench/, wire section).
+# their fixed costs once per group (bench/, wire section). A group holds at most
+# GROUP_TOKENS tokens, one [32, 4096] batch, so the event loop is never held for more than one
+# large batch's work: larger batches go one step at a time.
 STREAM_GROUP = 4
+GROUP_TOKENS = 32 * 4096
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,12 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def stream_group(stream_ahead: int, rows: int, seq_len: int) -> int:
+    """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP (and never more
+    than stream_ahead), while the group holds at most GROUP_TOKENS tokens; at least one."""
+    return max(1, min(stream_ahead, STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
 
 
 def batch_message(
@@ -288,11 +297,12 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         `stream_ahead` built and waiting, and a group of up to STREAM_GROUP being built (so a
         reader that stalls holds fewer than twice `stream_ahead` batches, plus the one gRPC is
         sending and its flow-control window). A group is assembled on the event loop in one
-        stretch, between awaits: other streams wait at most a few batches' work (measured
-        faster than threads, whose GIL contention with the loop cost more than the overlap
-        gained; groups pay the per-call costs of assembly once: bench/, wire section)."""
+        stretch, between awaits, and holds at most GROUP_TOKENS tokens (`stream_group`): other
+        streams wait at most one large batch's work (measured faster than threads, whose GIL
+        contention with the loop cost more than the overlap gained; groups of small batches
+        pay the per-call costs of assembly once: bench/, wire section)."""
         ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
-        group = max(1, min(self.stream_ahead, STREAM_GROUP))
+        seq_len = job.spec.seq_len
 
         async def produce() -> None:
             try:
@@ -302,7 +312,12 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     # A group never crosses a change of batch size (a new phase), and while
                     # the job builds each step goes as soon as its own rows are built.
                     size = job.schedule.batch_size(first)
-                    steps, most = [first], group if job.state == READY else 1
+                    steps, most = (
+                        [first],
+                        stream_group(self.stream_ahead, size // world_size, seq_len),
+                    )
+                    if job.state != READY:
+                        most = 1
                     while len(steps) < most and steps[-1] + 1 < end:
                         if job.schedule.batch_size(steps[-1] + 1) != size:
                             break
