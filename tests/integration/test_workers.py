@@ -93,6 +93,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
             c.close()
         time.sleep(1.5)  # the workers send their counters every second
         samples = scrape(proc.metrics)
+        assert metric(samples, "tokenfeed_serving") == 1  # the supervisor's, as one process's
         served = metric(samples, "tokenfeed_served_tokens_total", tokenfeed_job="main")
         # 8 clients x STEPS x 8 rows + 4 quarter batches + STEPS streamed, 64 tokens a row
         extra_calls = 4 * len(extra)

@@ -264,8 +264,10 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
             },
         )
         tasks.append(asyncio.create_task(pool.keep_alive()))
+        tasks.append(asyncio.create_task(_serving(jobs, stop)))
         await stop.wait()
     finally:
+        metrics.SERVING.set(0)  # draining
         for task in tasks:
             task.cancel()
         await pool.stop()
@@ -279,6 +281,14 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         if http is not None:
             http.shutdown()
     log.info("stopped")
+
+
+async def _serving(jobs: dict[str, Job], stop: asyncio.Event) -> None:
+    """The supervisor's `tokenfeed_serving`: 1 once its workers are up and every job can
+    serve its first step, the rule each worker's health follows (front.py)."""
+    await asyncio.gather(*(job.servable() for job in jobs.values()))
+    if not stop.is_set():
+        metrics.SERVING.set(1)
 
 
 # ------------------------------------------------------------------------ a worker
