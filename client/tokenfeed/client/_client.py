@@ -210,13 +210,13 @@ class _Prefetcher:
             if self._stop.is_set() or (self.end is not None and self.step >= self.end):
                 return
             if not progressed:
-                raise self._last
+                raise self._failure
 
     def _one_pass(self) -> bool:
         """Try servers until one stream ends cleanly or fails after progress. True if any
         batch was delivered (the deadline renews with progress)."""
         deadline = time.monotonic() + self.session.policy.timeout
-        self._last: Exception | None = None
+        last: Exception | None = None
         for servers in self.session.rounds(self.job, self.rank, deadline):
             if isinstance(servers, float):
                 if self._stop.wait(servers):
@@ -236,11 +236,11 @@ class _Prefetcher:
                     # A stream we did not cancel was cut by the server: draining, or dying.
                     if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
                         raise err from None
-                    self._last = err
+                    last = err
                     self.session.mark_failed(addr, err)
                     if self.step > before:
                         return True
-        self._last = self.session.give_up(self.job, self._last)
+        self._failure = self.session.give_up(self.job, last)
         return False
 
     def _stream(self, addr: str) -> None:
@@ -276,11 +276,11 @@ class _Watchdog:
 
     def __init__(self, limit: float, stop: threading.Event):
         self.limit, self._stop = limit, stop
-        self._call = None
+        self._call: grpc.Call | None = None
         self._since: float | None = None
         threading.Thread(target=self._run, name="tokenfeed-watchdog", daemon=True).start()
 
-    def watch(self, call) -> None:
+    def watch(self, call: grpc.Call) -> None:
         self._call, self._since = call, time.monotonic()
 
     def pause(self) -> None:
@@ -289,7 +289,7 @@ class _Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(min(self.limit / 4, 0.5)):
             since, call = self._since, self._call
-            if since is not None and time.monotonic() - since > self.limit:
+            if since is not None and call is not None and time.monotonic() - since > self.limit:
                 self._since = None
                 call.cancel()
 

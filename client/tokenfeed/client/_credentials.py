@@ -58,24 +58,25 @@ class TokenSource:
     """A bearer token: a fixed string, or a file re-read when it changes (looked at no more
     than once a second), so a rotated Kubernetes Secret reaches a running trainer."""
 
-    def __init__(self, token: str | None = None, path: str | os.PathLike | None = None):
+    def __init__(self, token: str | None = None, path: str | os.PathLike[str] | None = None):
         self.path = os.fspath(path) if path is not None else None
         self._lock = threading.Lock()
         self._checked = -float("inf")
-        self._stamp: tuple | None = None
+        self._stamp: tuple[int, int, int] | None = None
         if self.path is None:
             self._token = _checked(token or "", "token")
         else:
             try:
-                self._stamp, self._token = self._read()
+                self._stamp, self._token = self._read(self.path)
             except OSError as e:
                 raise ValueError(f"token_file: cannot read {self.path!r}: {e.strerror}") from None
             self._checked = time.monotonic()
 
-    def _read(self) -> tuple[tuple, str]:
-        st = os.stat(self.path)
-        text = Path(self.path).read_text(encoding="ascii", errors="replace")
-        return (st.st_mtime_ns, st.st_size, st.st_ino), _checked(text, f"token_file {self.path}")
+    @staticmethod
+    def _read(path: str) -> tuple[tuple[int, int, int], str]:
+        st = os.stat(path)
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+        return (st.st_mtime_ns, st.st_size, st.st_ino), _checked(text, f"token_file {path}")
 
     def value(self) -> str:
         if self.path is None:
@@ -87,7 +88,7 @@ class TokenSource:
                 try:
                     st = os.stat(self.path)
                     if (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp:
-                        self._stamp, self._token = self._read()
+                        self._stamp, self._token = self._read(self.path)
                 except (OSError, ValueError):
                     pass  # mid-rotation (missing or half written): keep the last good token
             return self._token

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,20 +41,23 @@ class Assembler:
     ):
         self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
         self.tokenizer: TextTokenizer | None = None  # set once the job's tokenizer is loaded
-        self._streams: LRU = LRU(512)
-        self._open: LRU = LRU(256)
+        # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
+        # per (dataset, chunk).
+        self._streams: LRU[tuple[int, int, int], packing.ChunkStream] = LRU(512)
+        self._layouts: LRU[tuple[int, int], bestfit.BestFitLayout] = LRU(512)
+        self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
         # Concat streams materialised per (dataset, epoch, chunk): a row is then one slice copy
         # per chunk it touches (bench/, wire section: [32, 4096] batches at about 3x the rate of
         # gathering token by token), for this much memory.
-        self.materialised: LRU = LRU(4096, stream_cache_bytes)
+        self.materialised: LRU[tuple[int, int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
         store.cache.on_evict(self._forget)
 
     @property
     def wire_dtype(self) -> np.dtype:
-        return wire.token_dtype(self._tokenizer.vocab_size)
+        return wire.token_dtype(self.loaded_tokenizer.vocab_size)
 
     @property
-    def _tokenizer(self) -> TextTokenizer:
+    def loaded_tokenizer(self) -> TextTokenizer:
         if self.tokenizer is None:
             raise RuntimeError("the job's tokenizer is not loaded")
         return self.tokenizer
@@ -71,21 +75,20 @@ class Assembler:
     async def open_chunks(self, plan: Plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
         needed = Planner.plan_chunks(plan)
-        make: Callable[..., np.ndarray]
+        missing: list[Callable[[], np.ndarray]]
         if self.spec.packing == "concat":  # opened and laid out in the epoch's order
-            missing = [key for key in needed if not self.materialised.contains(key)]
-            make = self.stream_ids
+            missing = [
+                partial(self.stream_ids, *key)
+                for key in needed
+                if not self.materialised.contains(key)
+            ]
         else:
-            missing = list(
-                {(d, c) for d, _, c in needed if not self.materialised.contains((d, -1, c))}
-            )
-            make = self.bestfit_tokens
+            chunks = {(d, c) for d, _, c in needed if not self.materialised.contains((d, -1, c))}
+            missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
         if missing:
             loop = asyncio.get_running_loop()
             try:
-                await asyncio.gather(
-                    *(loop.run_in_executor(executor, make, *key) for key in missing)
-                )
+                await asyncio.gather(*(loop.run_in_executor(executor, make) for make in missing))
             except (SourceError, BadRecordError) as e:
                 self._fail(str(e))
                 raise JobFailedError(str(e)) from e
@@ -131,7 +134,7 @@ class Assembler:
         ]
 
     def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
-        s, t = self.spec, self._tokenizer
+        s, t = self.spec, self.loaded_tokenizer
         out = {
             name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES
         }
@@ -197,7 +200,7 @@ class Assembler:
             chunk, s, name = self.chunk(d, c), self.spec, self.indexes[d].dataset.name
             doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
             return packing.concat_stream(
-                chunk.doc_offsets, chunk.doc_lengths, doc_order, self._tokenizer.add_bos
+                chunk.doc_offsets, chunk.doc_lengths, doc_order, self.loaded_tokenizer.add_bos
             )
 
         return self._streams.get_or_make((d, epoch, c), make)
@@ -206,7 +209,7 @@ class Assembler:
         """Chunk c's concat stream in `epoch`, token by token, in the wire's dtype."""
 
         def make() -> np.ndarray:
-            t = self._tokenizer
+            t = self.loaded_tokenizer
             return packing.materialise(
                 self.stream(d, epoch, c),
                 self._verified(d, c).tokens,
@@ -235,6 +238,6 @@ class Assembler:
         # best-fit rows do not depend on the epoch's document order (the rows are permuted)
         def make() -> bestfit.BestFitLayout:
             lengths = self.chunk(d, c).doc_lengths
-            return bestfit.bestfit_layout(lengths, self.spec.seq_len, self._tokenizer.add_bos)
+            return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.loaded_tokenizer.add_bos)
 
-        return self._streams.get_or_make((d, -1, c), make)
+        return self._layouts.get_or_make((d, c), make)

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from tokenfeed.server.cache import DiskCache, Kind
@@ -57,11 +58,12 @@ class BlockFiles:
                     return data
                 continue  # dropped as corrupt: fetch again
             fetched: list[bytes] = []
-            self.cache.fill_once(
-                self.KIND, key, lambda out=fetched: out.append(self._fill(key, fill))
-            )
+            self.cache.fill_once(self.KIND, key, partial(self._fill_into, fetched, key, fill))
             if fetched:
                 return fetched[0]
+
+    def _fill_into(self, out: list[bytes], key: str, fill: Callable[[], bytes]) -> None:
+        out.append(self._fill(key, fill))
 
     def _fill(self, key: str, fill: Callable[[], bytes]) -> bytes:
         data = fill()
@@ -80,7 +82,7 @@ class BlockFiles:
             data = path.read_bytes() if path is not None else None
         except OSError:
             data = None
-        if data is None:
+        if path is None or data is None:
             self.cache.remove(self.KIND, key, "file missing")
             return None
         if key not in self._verified:

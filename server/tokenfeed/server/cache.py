@@ -321,11 +321,12 @@ class DiskCache:
             )
         victims = self._victims(candidates, excess)
         for victim in victims:
-            entry = self.ledger.pop(victim)
-            self._mark_deleting_locked(victim, entry.size)
+            size = self.ledger.entries[victim].size
+            self.ledger.pop(victim)
+            self._mark_deleting_locked(victim, size)
             self.evictions += 1
             metrics.CACHE_EVICTIONS.labels(victim[0]).inc()
-            metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(entry.size)
+            metrics.CACHE_EVICTED_BYTES.labels(victim[0]).inc(size)
             for listener in self._listeners:
                 listener(victim)
         return victims

@@ -129,8 +129,8 @@ class Chunk:
     def key(self, tokenizer_digest: str) -> str:
         """Content address of this chunk's tokens: changes when any input that decides them does."""
         if self.parts:  # its parts' keys, in order, under a tag no simple chunk's text starts with
-            text = "\x1f".join(["group", *(p.key(tokenizer_digest) for p in self.parts)])
-            return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+            group = "\x1f".join(["group", *(p.key(tokenizer_digest) for p in self.parts)])
+            return hashlib.blake2b(group.encode(), digest_size=16).hexdigest()
         parts: tuple = (
             CHUNK_FORMAT_VERSION,
             self.source.uri,
@@ -193,7 +193,7 @@ def is_token_list(kind: pa.DataType) -> bool:
 def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
     # Row groups are read whole from the footer's offsets; only the one column is decoded.
     tokens = spec.token_field is not None
-    field = spec.token_field if tokens else spec.text_field
+    field = spec.text_field if spec.token_field is None else spec.token_field
     try:
         with store.open(obj) as f:
             meta = pq.ParquetFile(f).metadata

@@ -96,7 +96,7 @@ class Supervised:
                 except (EOFError, OSError):
                     return
                 try:
-                    reply = ("ok", self._handle(*request))
+                    reply: tuple[object, ...] = ("ok", self._handle(*request))
                 except TokenfeedError as e:
                     reply = ("error", type(e).__name__, str(e))
                 except Exception as e:  # a bug or a local failure: the worker reports it

@@ -40,7 +40,7 @@ def pieces_of(
 ) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of the documents in a piece
     of chunk c (units [lo, hi) from row position `at`)."""
-    s, bos = job.spec, int(job.tokenizer.add_bos)
+    s, bos = job.spec, int(job.rows.loaded_tokenizer.add_bos)
     if s.packing != "best_fit":
         return packing.concat_pieces(job.rows.stream(d, epoch, c), lo, hi, at, s.seq_len)
     r = lo  # a best_fit unit is a whole row

@@ -130,8 +130,9 @@ class Job:
     def fingerprint(self) -> str:
         """Everything that decides the bytes of a batch; known once every dataset's chunks are
         planned (before they are tokenized), empty until then."""
-        if not self._fingerprint and all(i.fingerprint for i in self.indexes):
-            s, t = self.spec, self.tokenizer
+        t = self.tokenizer
+        if not self._fingerprint and t is not None and all(i.fingerprint for i in self.indexes):
+            s = self.spec
             parts = [
                 f"format={CHUNK_FORMAT_VERSION}",
                 f"packing_version={packing.PACKING_VERSION}",

@@ -219,5 +219,6 @@ def _joined(parts: list[PretokenizedChunk]) -> PretokenizedChunk:
         bad=[b for p in parts for b in p.bad],
         record_ids=ids,
         records=base,
-        data_start=tuple(PartStart(p.records, p.data_start) for p in parts),
+        # Pre-tokenized records have no line numbers: nothing to count them from.
+        data_start=tuple(PartStart(p.records) for p in parts),
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import logging
 import math
 import os
 import shutil
@@ -97,9 +98,9 @@ def build_on_ray(
             "directory every Ray node mounts)"
         )
     if address:
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=cpus or None, include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=cpus or None, include_dashboard=False, logging_level=logging.WARNING)
     try:
         return [_build_job(config, name, out, interval) for name in names]
     finally:

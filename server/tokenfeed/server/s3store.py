@@ -24,7 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from functools import partial
+from typing import BinaryIO, TypeVar
 
 import boto3
 import botocore.config
@@ -37,6 +38,8 @@ from tokenfeed.server.storage import ObjectInfo
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _THROTTLED = {
     "SlowDown",
@@ -72,10 +75,11 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 def _network_reason(e: BaseException) -> str:
     """A body cut short surfaces as a streaming or incomplete-read error (from botocore or
     urllib3, possibly chained); a timeout names itself; the rest are resets and refusals."""
-    chain = []
-    while e is not None and len(chain) < 5:
-        chain.append(type(e).__name__.lower())
-        e = e.__cause__ or e.__context__
+    chain: list[str] = []
+    cause: BaseException | None = e
+    while cause is not None and len(chain) < 5:
+        chain.append(type(cause).__name__.lower())
+        cause = cause.__cause__ or cause.__context__
     if any("incompleteread" in n or "streaming" in n for n in chain):
         return "short_body"
     return "timeout" if any("timeout" in n for n in chain) else "reset"
@@ -146,7 +150,7 @@ class S3Store:
 
     # ------------------------------------------------------------ requests
 
-    def _call(self, op: str, what: str, attempt: Callable[[], object]):
+    def _call(self, op: str, what: str, attempt: Callable[[], T]) -> T:
         """Run one request with our retry policy; `what` names the object for errors."""
         spec = self.spec
         for n in range(1, spec.max_attempts + 1):
@@ -216,7 +220,7 @@ class S3Store:
             kwargs = {"Bucket": bucket, "Prefix": prefix}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("list", pattern, lambda kw=kwargs: self.client.list_objects_v2(**kw))
+            page = self._call("list", pattern, partial(self.client.list_objects_v2, **kwargs))
             for item in page.get("Contents", []):
                 if regex.match(item["Key"]) and not item["Key"].endswith("/"):
                     found.append(
@@ -301,16 +305,18 @@ class S3Store:
             key = self._block_key(obj, k)
             cached = self.blocks is not None and self.blocks.cache.contains(BlockFiles.KIND, key)
             if self.blocks is not None and (cached or 2 * (z - a) >= hi - lo):
-                parts.append(
-                    lambda key=key, lo=lo, hi=hi, a=a, z=z: self.blocks.get(
-                        key, lambda: self._get(obj, lo, hi)
-                    )[a - lo : z - lo]
-                )
+                parts.append(partial(self._through_block, self.blocks, obj, key, lo, hi, a, z))
             else:
-                parts.append(lambda a=a, z=z: self._get(obj, a, z))
+                parts.append(partial(self._get, obj, a, z))
         if len(parts) == 1:
             return parts[0]()
         return b"".join(self._pool.map(lambda f: f(), parts))
+
+    def _through_block(
+        self, blocks: BlockFiles, obj: ObjectInfo, key: str, lo: int, hi: int, a: int, z: int
+    ) -> bytes:
+        """Bytes [a, z) of the object, from its block [lo, hi) in the disk cache."""
+        return blocks.get(key, partial(self._get, obj, lo, hi))[a - lo : z - lo]
 
     def open(self, obj: ObjectInfo) -> BinaryIO:
         return io.BufferedReader(_RangeFile(self, obj), buffer_size=256 * 1024)

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import botocore.exceptions as bce
@@ -116,7 +117,7 @@ class _S3Blobs:
             page = self.s3._call(
                 "list",
                 f"s3://{self.bucket}/{kwargs['Prefix']}",
-                lambda kw=dict(kwargs): self.s3.client.list_objects_v2(**kw),
+                partial(self.s3.client.list_objects_v2, **kwargs),
             )
             for item in page.get("Contents", []):
                 out[item["Key"].rsplit("/", 1)[-1]] = item["LastModified"].timestamp()
@@ -137,7 +138,7 @@ class SharedStore:
     def __init__(self, spec: StoreSpec, storage: Storage):
         self.spec, self.node = spec, spec.node
         if spec.uri.startswith("s3://"):
-            self.blobs: _LocalBlobs | _S3Blobs = _S3Blobs(storage.for_uri(spec.uri), spec.uri)
+            self.blobs: _LocalBlobs | _S3Blobs = _S3Blobs(storage.s3(), spec.uri)
         else:
             self.blobs = _LocalBlobs(spec.uri)
         self.counts = StoreCounts()
@@ -171,10 +172,10 @@ class SharedStore:
         """The chunk's published files, verified against its manifest (None if missing or
         corrupt: the caller tokenizes it)."""
         m = parse_manifest(key, manifest_bytes)
-        parts = [self.blobs.get(self._name(key, s)) for s in BODY_SUFFIXES]
-        if any(p is None for p in parts):
+        bin_, idx, rec = (self.blobs.get(self._name(key, s)) for s in BODY_SUFFIXES)
+        if bin_ is None or idx is None or rec is None:
             return None
-        chunk = EncodedChunk(key, *parts, manifest_bytes, m)  # type: ignore[arg-type]
+        chunk = EncodedChunk(key, bin_, idx, rec, manifest_bytes, m)
         if not chunk.verified():
             log.warning(
                 "shared store %s: chunk %s fails its checksums; rebuilding it here",

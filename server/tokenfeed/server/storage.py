@@ -23,6 +23,7 @@ from tokenfeed.server.errors import SourceChangedError, SourceError
 
 if TYPE_CHECKING:
     from tokenfeed.server.blockfiles import BlockFiles
+    from tokenfeed.server.s3store import S3Store
 
 
 @dataclass(frozen=True, order=True)
@@ -51,6 +52,9 @@ class ObjectStore(Protocol):
         """A seekable binary file over a pinned object."""
         ...
 
+    # Per-store caches of parsed headers key on the store: hashable, by identity.
+    def __hash__(self) -> int: ...
+
 
 def _local_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
@@ -64,7 +68,8 @@ class LocalStore:
     def list(self, pattern: str) -> list[ObjectInfo]:
         path = _local_path(pattern)
         matches = glob.glob(path, recursive=True) if glob.has_magic(path) else [path]
-        infos, dirs = [], {}
+        infos: list[ObjectInfo] = []
+        dirs: dict[str, str] = {}
         for match in matches:
             try:
                 st = os.stat(match)
@@ -125,7 +130,7 @@ class Storage:
     ):
         self.object_store = object_store or ObjectStoreSpec()
         self.blocks = blocks
-        self._s3: ObjectStore | None = None
+        self._s3: S3Store | None = None
         self._lock = threading.Lock()
 
     def for_uri(self, uri: str) -> ObjectStore:
@@ -133,15 +138,19 @@ class Storage:
         if scheme == "file":
             return _LOCAL
         if scheme == "s3":
-            with self._lock:
-                if self._s3 is None:
-                    from tokenfeed.server.s3store import S3Store  # boto3 only when needed
-
-                    self._s3 = S3Store(self.object_store, self.blocks)
-            return self._s3
+            return self.s3()
         raise SourceError(
             f"unsupported URI scheme {scheme!r} in {uri!r}; supported: s3://, file://, paths"
         )
+
+    def s3(self) -> S3Store:
+        """The S3 backend, made on the first `s3://` URI."""
+        with self._lock:
+            if self._s3 is None:
+                from tokenfeed.server.s3store import S3Store  # boto3 only when needed
+
+                self._s3 = S3Store(self.object_store, self.blocks)
+            return self._s3
 
     def read_object(self, uri: str) -> tuple[ObjectInfo, bytes]:
         """A whole object (a tokenizer file): its pinned version and bytes."""

@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,7 @@ class WorkerMetrics:
                     key = (family, name, tuple(sorted(labels.items())))
                     self.retired[key] = self.retired.get(key, 0.0) + value
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         sums: dict[str, dict[tuple[str, tuple], float]] = {}
         for key, value in self.retired.items():
             family, name, labels = key
@@ -114,12 +115,12 @@ class WorkerMetrics:
                         into[k] = min(into.get(k, value), value)
                     else:
                         into[k] = into.get(k, 0.0) + value
-        for family in metrics.REGISTRY.collect():
-            if family.name not in self._names:
-                yield family
+        for metric in metrics.REGISTRY.collect():
+            if metric.name not in self._names:
+                yield metric
                 continue
-            merged = Metric(family.name, family.documentation, family.type)
-            for (name, labels), value in sorted(sums.get(family.name, {}).items()):
+            merged = Metric(metric.name, metric.documentation, metric.type)
+            for (name, labels), value in sorted(sums.get(metric.name, {}).items()):
                 merged.add_sample(name, dict(labels), value)
             yield merged
 
@@ -131,6 +132,7 @@ class WorkerMetrics:
 class _Worker:
     index: int
     process: multiprocessing.process.BaseProcess
+    pid: int
     ready_file: Path
     started: float
 
@@ -170,7 +172,9 @@ class WorkerPool:
             ),
         )
         process.start()
-        self.workers[index] = _Worker(index, process, ready, time.monotonic())
+        if process.pid is None:  # start() returns once the child exists: never None here
+            raise RuntimeError(f"worker {index} has no process id after it started")
+        self.workers[index] = _Worker(index, process, process.pid, ready, time.monotonic())
         log.info("worker %d started (pid %d)", index, process.pid)
 
     async def wait_ready(self) -> None:
@@ -193,10 +197,10 @@ class WorkerPool:
                     log.warning(
                         "worker %d (pid %d) exited with %s; restarting it",
                         w.index,
-                        w.process.pid,
+                        w.pid,
                         w.process.exitcode,
                     )
-                    self.counted.retire(w.process.pid)
+                    self.counted.retire(w.pid)
                     self.restarts += 1
                     await asyncio.sleep(RESTART_PAUSE_SECONDS)
                     self.start(w.index)
@@ -205,7 +209,7 @@ class WorkerPool:
         """SIGTERM to every worker (each drains for grace_seconds), SIGKILL to stragglers."""
         for w in self.workers.values():
             if w.process.exitcode is None:
-                os.kill(w.process.pid, signal.SIGTERM)
+                os.kill(w.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.server.grace_seconds + 10.0
         while any(w.process.exitcode is None for w in self.workers.values()):
             if time.monotonic() > deadline:
@@ -252,7 +256,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
             listen,
             len(pool.workers),
         )
-        pids = [w.process.pid for w in pool.workers.values()]
+        pids = [w.pid for w in pool.workers.values()]
         write_ready(
             ready_file,
             {
