@@ -37,21 +37,30 @@ def integer(
 
 
 def number(name: str, value: object, minimum: float = 0.0) -> float:
-    """A finite real number >= minimum; NaN (YAML `.nan`, TOML `nan`) is refused."""
+    """A finite real number >= minimum, as a float; NaN (YAML `.nan`, TOML `nan`) is refused."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not minimum <= value < math.inf
     ):
         raise fail(name, f"a number >= {minimum}", value)
-    return value
+    return float(value)
 
 
 def positive(name: str, value: object) -> float:
-    """A finite number of seconds > 0."""
+    """A finite number of seconds > 0, as a float."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise fail(name, "a positive number of seconds", value)
-    return value
+    return float(value)
+
+
+def float_field(spec: object, name: str, minimum: float = 0.0, above_zero: bool = False) -> None:
+    """Check the number field `name` of a frozen spec and keep it as a float: a file (or a
+    caller) may write 5 for 5.0, and the spec holds one type either way. Errors quote the
+    value as it was given."""
+    value = getattr(spec, name)
+    checked = positive(name, value) if above_zero else number(name, value, minimum)
+    object.__setattr__(spec, name, checked)
 
 
 def text(name: str, value: object, choices: tuple[str, ...] = (), empty: bool = False) -> str:

@@ -157,10 +157,11 @@ class Section:
         return check.flag(self.path(key), self.get(key, default))
 
     def number(self, key: str, default: float) -> float:
+        """As written (5 stays 5, so errors quote it so): the spec keeps it as a float."""
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise check.fail(self.path(key), "a number", value)
-        return float(value)
+        return value
 
     def size(self, key: str, default: int) -> int:
         return parse_size(self.get(key, default), self.path(key))

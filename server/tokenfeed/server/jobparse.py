@@ -155,7 +155,7 @@ def _datasets(
     if s.has("sources"):
         raise ConfigError(
             f"{s.path('sources')}: give sources inside each dataset of "
-            f"{s.path('datasets')}, not beside them"
+            f"{s.path('datasets')}, not beside them; got {s.get('sources')!r}"
         )
     datasets, weights = [], []
     for name, body in raw.items():

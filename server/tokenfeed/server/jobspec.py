@@ -178,8 +178,8 @@ class JobSpec:
             if len(phase.weights) != len(self.datasets):
                 raise check.fail(
                     f"phases[{i}].weights",
-                    f"{len(self.datasets)} weights (one per dataset)",
-                    tuple(str(w) for w in phase.weights),
+                    f"one weight per dataset ({len(self.datasets)})",
+                    [str(w) for w in phase.weights],
                 )
             before = self.phases[i - 1].start_step if i else -1
             if phase.start_step <= before:

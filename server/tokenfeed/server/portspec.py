@@ -70,10 +70,10 @@ class LimitsSpec:
             )
         check.integer("max_concurrent_rpcs", self.max_concurrent_rpcs, minimum=1)
         check.integer("max_streams_per_connection", self.max_streams_per_connection, minimum=1)
-        check.number("keepalive_seconds", self.keepalive_seconds, minimum=1.0)
-        check.number("keepalive_timeout_seconds", self.keepalive_timeout_seconds, minimum=1.0)
-        check.number("min_ping_seconds", self.min_ping_seconds, minimum=0.0)
-        check.number("idle_seconds", self.idle_seconds, minimum=1.0)
+        check.float_field(self, "keepalive_seconds", minimum=1.0)
+        check.float_field(self, "keepalive_timeout_seconds", minimum=1.0)
+        check.float_field(self, "min_ping_seconds", minimum=0.0)
+        check.float_field(self, "idle_seconds", minimum=1.0)
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ class ServerSpec:
         check.integer("prefetch_steps", self.prefetch_steps, minimum=0)
         check.integer("tokenize_threads", self.tokenize_threads, minimum=1)
         check.text("log_format", self.log_format, LOG_FORMATS)
-        check.number("max_wait_seconds", self.max_wait_seconds)
-        check.number("grace_seconds", self.grace_seconds)
+        check.float_field(self, "max_wait_seconds")
+        check.float_field(self, "grace_seconds")
         check.text("health_listen", self.health_listen, empty=True)
         check.instance("tls", self.tls, TlsSpec)
         check.instance("auth", self.auth, AuthSpec)
@@ -101,10 +101,10 @@ class ObjectStoreSpec:
         check.size("block_bytes", self.block_bytes)
         check.integer("max_concurrency", self.max_concurrency, minimum=1)
         check.integer("max_attempts", self.max_attempts, minimum=1)
-        check.number("backoff_base_seconds", self.backoff_base_seconds)
-        check.number("backoff_max_seconds", self.backoff_max_seconds)
-        check.number("connect_timeout_seconds", self.connect_timeout_seconds)
-        check.number("read_timeout_seconds", self.read_timeout_seconds)
+        check.float_field(self, "backoff_base_seconds")
+        check.float_field(self, "backoff_max_seconds")
+        check.float_field(self, "connect_timeout_seconds")
+        check.float_field(self, "read_timeout_seconds")
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,9 @@ class StoreSpec:
         if uri and not node:
             raise ConfigError(f"node: required with uri {uri!r}")
         check.integer("min_nodes", self.min_nodes, minimum=1)
-        check.number("join_seconds", self.join_seconds)
-        check.positive("node_ttl_seconds", self.node_ttl_seconds)
-        check.number("takeover_seconds", self.takeover_seconds)
+        check.float_field(self, "join_seconds")
+        check.float_field(self, "node_ttl_seconds", above_zero=True)
+        check.float_field(self, "takeover_seconds")
 
 
 @dataclass(frozen=True)
