@@ -213,6 +213,13 @@ def test_a_missing_key_is_named_with_the_file(tmp_path, key):
     assert error_of(path) == f"{path}: {key}: required"
 
 
+@pytest.mark.parametrize(("text", "shown"), [("", "NoneType None"), ("- a\n", "list ['a']")])
+def test_a_file_that_is_not_a_mapping_is_named(tmp_path, text, shown):
+    path = tmp_path / "tf.yaml"
+    path.write_text(text)
+    assert error_of(path) == f"{path}: expected a mapping, got {shown}"
+
+
 def test_toml_errors_name_the_file_too(tmp_path):
     path = tmp_path / "tf.toml"
     path.write_text(

@@ -115,7 +115,9 @@ class Section:
 
     def __init__(self, raw: object, where: str) -> None:
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
+            # The file itself has no key path: its name alone goes in front (from_dict).
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}expected a mapping, got {type(raw).__name__} {raw!r}")
         self.raw: dict[object, object] = raw
         self.where = where
         self.used: set[str] = set()
