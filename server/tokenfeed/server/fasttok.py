@@ -37,7 +37,7 @@ import numpy as np
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # Split patterns tiktoken's regex engine reads as HF's Oniguruma does: GPT-4's (cl100k, as in
-# Llama-3) and the variant with single digits (Qwen2). Any other pattern is refused.
+# Llama-3) and its variant with single digits. Any other pattern is refused.
 SPLIT_PATTERNS = frozenset(
     {
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
