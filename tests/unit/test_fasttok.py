@@ -172,6 +172,16 @@ def lstrip(config: dict) -> None:
     config["added_tokens"][0]["lstrip"] = True
 
 
+def ignore_merges(config: dict) -> None:
+    config["model"]["ignore_merges"] = True
+
+
+def stray_entry(config: dict) -> None:
+    """An entry no merge makes, which HF's ignore_merges takes whole: " zqx" is one token."""
+    ignore_merges(config)
+    config["model"]["vocab"]["Ġzqx"] = len(config["model"]["vocab"])
+
+
 def overlapping(config: dict) -> None:
     token = dict(config["added_tokens"][0], id=1024, content="<|endoftext|>!")
     config["added_tokens"].append(token)
@@ -186,6 +196,7 @@ def overlapping(config: dict) -> None:
         (lambda p: byte_level(p, "regex", other_regex), "is not one tiktoken is known to match"),
         (lambda p: byte_level(p, "lstrip", lstrip), "'<|endoftext|>' matches with lstrip"),
         (lambda p: byte_level(p, "overlap", overlapping), "'<|endoftext|>!' overlap"),
+        (lambda p: byte_level(p, "stray", stray_entry), "ignore_merges with 1 unmergeable"),
     ],
 )
 def test_ineligible_tokenizers_fall_back_in_auto_and_are_refused_under_tiktoken(
@@ -202,6 +213,16 @@ def test_ineligible_tokenizers_fall_back_in_auto_and_are_refused_under_tiktoken(
     with pytest.raises(ConfigError, match="tokenizer.backend: tiktoken cannot reproduce") as e:
         load(path, "tiktoken")
     assert why in str(e.value)
+
+
+def test_ignore_merges_is_exact_when_every_entry_is_mergeable(tmp_path, docs):
+    path = byte_level(tmp_path, "ignore", ignore_merges)
+    texts = docs + [" zqx", "<|endoftext|>x"]
+    tok = load(path, "tiktoken")
+    assert split(*tok.encode(texts)) == hf_ids(path, texts)
+    stray = byte_level(tmp_path, "stray", stray_entry)
+    assert hf_ids(stray, [" zqx"]) == [[1024]]  # what tiktoken could not know
+    assert load(stray, "auto").engine == "hf"
 
 
 def test_hf_backend_never_builds_the_engine(tmp_path):

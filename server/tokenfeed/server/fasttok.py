@@ -20,8 +20,8 @@ covering X's bytes evolve as on X alone, so whenever tiktoken joins two parts in
 u and v: every tiktoken step is an HF merge of the same (lowest) rank, leftmost first in both.
 A merge table that breaks this (or a product made by two merges) is refused. tiktoken also
 takes a whole pre-token found in its ranks as one token; by the same argument BPE would make that
-token anyway, which is also what HF's `ignore_merges` does, as long as every vocabulary entry
-it could find is a mergeable token.
+token anyway. HF's `ignore_merges` does the same over its whole vocabulary, so it is allowed
+only where no other entry can be found that way.
 """
 
 from __future__ import annotations
@@ -132,8 +132,10 @@ def _added_tokens(config: dict, encode_special_tokens: bool) -> dict[str, int]:
             continue  # HF encodes these as text
         content = t["content"]
         flags = [k for k in ("lstrip", "rstrip", "single_word") if t.get(k)]
-        if flags or not content:
+        if flags:
             raise NotExact(f"the added token {content!r} matches with {', '.join(flags)}")
+        if not content:
+            raise NotExact(f"the added token {t['id']} is empty")
         found[content] = int(t["id"])
     starts: dict[str, list[str]] = {}
     for b in found:
@@ -205,9 +207,17 @@ class FastEngine:
         _check_merges(ranks, merges)
         added = _added_tokens(config, encode_special_tokens)
         if model.get("ignore_merges"):
-            # HF would take any whole pre-token in its vocabulary; only mergeable ones (and
-            # added tokens, which never reach the model: see _added_tokens) are safe.
-            stray = [s for s in vocab if s not in added and to_bytes(s) not in ranks]
+            # HF takes a whole pre-token found in its vocabulary as one token. Safe for the
+            # mergeable ones, for entries no pre-token can spell (a character outside the byte
+            # table), and for added tokens of printable ASCII (a document spelling one has it
+            # split out before pre-tokenizing); any other entry would be HF's alone.
+            stray = [
+                s
+                for s in vocab
+                if all(c in alphabet for c in s)
+                and to_bytes(s) not in ranks
+                and not (s in added and all("!" <= c <= "~" for c in s))
+            ]
             if stray:
                 raise NotExact(f"ignore_merges with {len(stray)} unmergeable entries: {stray[0]!r}")
         specials = {content: len(ids) + k for k, content in enumerate(added)}
