@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: env tools demo test check lint protos bench bench-quick clean
+.PHONY: env tools demo test check lint types protos bench bench-quick clean
 
 env: $(STAMP)
 
@@ -22,13 +22,18 @@ demo: env
 tools:
 	bash scripts/install_tools.sh
 
-# Lint and the format check first: CI runs this target, so it enforces them.
-test: env tools lint
+# Lint, the format check and the types first: CI runs this target, so it enforces them.
+test: env tools lint types
 	$(PY) -m pytest -q
 
 lint: env
 	$(VENV)/bin/ruff check server client/tokenfeed/client tests bench scripts
 	$(VENV)/bin/ruff format --check server client/tokenfeed/client tests bench scripts
+
+# mypy over the server and client packages; what it checks, and how strictly, is in
+# pyproject.toml ([tool.mypy]).
+types: env
+	$(VENV)/bin/mypy
 
 check: test
 
@@ -42,4 +47,4 @@ bench-quick: env
 	$(PY) -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache build *.egg-info */*.egg-info
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache build *.egg-info */*.egg-info

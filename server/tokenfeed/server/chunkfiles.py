@@ -9,7 +9,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from tokenfeed.server.errors import StoreCorruptError
@@ -17,7 +17,7 @@ from tokenfeed.server.errors import StoreCorruptError
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 IDX_VERSION = 1
 # Megatron-LM's dtype codes for the .idx header.
-DTYPE_CODES = {
+DTYPE_CODES: dict[np.dtype, int] = {
     np.dtype(np.uint8): 1,
     np.dtype(np.int8): 2,
     np.dtype(np.int16): 3,
@@ -195,7 +195,7 @@ def parse_manifest(key: str, raw: bytes) -> dict:
     return m
 
 
-def consistent(m: object) -> bool:
+def consistent(m: Any) -> bool:
     """The manifest's counts agree with its file sizes (the digests vouch for the files)."""
     try:
         n, t = m["num_docs"], m["num_tokens"]

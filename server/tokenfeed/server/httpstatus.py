@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenfeed.server import metrics
@@ -62,7 +63,7 @@ class _Throughput:
         self.sample()
 
     def sample(self) -> None:
-        totals = {n: job.progress.tokens_served for n, job in self.jobs.items()}
+        totals: dict[str, float] = {n: job.progress.tokens_served for n, job in self.jobs.items()}
         self.samples.append((time.monotonic(), totals))
 
     def rate(self, job: str) -> float:
@@ -129,7 +130,7 @@ def status(
     jobs: dict[str, Job], events: RecentEvents, throughput: _Throughput, identity: Identity
 ) -> dict:
     cache = next(iter(jobs.values())).store.cache if jobs else None
-    out = {
+    out: dict[str, Any] = {
         "time": time.time(),
         "server": identity.as_dict(),
         "jobs": [],
