@@ -16,11 +16,12 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tokenfeed.client.fleet import parse_target
 
-Pem = str | os.PathLike | bytes
+Pem = str | os.PathLike[str] | bytes
 # The clients' keyword options that are credentials (docs/client.md).
 OPTIONS = (
     "tls",
@@ -98,7 +99,9 @@ class _TokenPlugin(grpc.AuthMetadataPlugin):
     def __init__(self, source: TokenSource):
         self.source = source
 
-    def __call__(self, context, callback) -> None:
+    def __call__(
+        self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
+    ) -> None:
         try:
             callback((("authorization", f"Bearer {self.source.value()}"),), None)
         except Exception as e:  # reported to the call as UNAVAILABLE by grpc
@@ -118,7 +121,7 @@ class Credentials:
         tls_client_key: Pem | None = None,
         tls_server_name: str | None = None,
         token: str | None = None,
-        token_file: str | os.PathLike | None = None,
+        token_file: str | os.PathLike[str] | None = None,
     ):
         given = [
             name
@@ -164,7 +167,7 @@ class Credentials:
         self.channel_credentials = creds
 
     @classmethod
-    def from_options(cls, target: str, options: dict) -> Credentials:
+    def from_options(cls, target: str, options: dict[str, Any]) -> Credentials:
         """The credentials named in a client's keyword options, which are taken out of it."""
         return cls(target, **{k: options.pop(k) for k in OPTIONS if k in options})
 
@@ -175,12 +178,12 @@ class Credentials:
             return None
         return (("authorization", f"Bearer {self.token.value()}"),)
 
-    def channel(self, addr: str, options: list) -> grpc.Channel:
+    def channel(self, addr: str, options: list[tuple[str, Any]]) -> grpc.Channel:
         if self.channel_credentials is None:
             return grpc.insecure_channel(addr, options=options)
         return grpc.secure_channel(addr, self.channel_credentials, options=options + self.options)
 
-    def aio_channel(self, addr: str, options: list) -> grpc.aio.Channel:
+    def aio_channel(self, addr: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
         if self.channel_credentials is None:
             return grpc.aio.insecure_channel(addr, options=options)
         return grpc.aio.secure_channel(

@@ -168,7 +168,9 @@ class Session:
                 "first; the servers' configs (or a checkpoint) define this job differently"
             )
 
-    def stream_request(self, job: str, step: int, end: int | None, rank: int, world: int):
+    def stream_request(
+        self, job: str, step: int, end: int | None, rank: int, world: int
+    ) -> pb.StreamBatchesRequest:
         return pb.StreamBatchesRequest(
             job=job, start_step=step, end_step=end or 0, rank=rank, world_size=world
         )

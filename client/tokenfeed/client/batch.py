@@ -12,7 +12,7 @@ accelerator (torch.py, jax.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 from tokenfeed.client.wire import TENSOR_NAMES, Compact, decode, expand, tokens_int32
@@ -58,7 +58,7 @@ class Batch(Mapping[str, np.ndarray]):
             self._arrays[name] = arr
         return arr
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(TENSOR_NAMES)
 
     def __len__(self) -> int:

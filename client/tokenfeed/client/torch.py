@@ -26,6 +26,7 @@ unsafe to write); one memcpy of the batch, which DataLoader's `pin_memory` would
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ def expand(
     return {name: out[name] for name in TENSOR_NAMES}
 
 
-class TokenFeedDataset(IterableDataset):
+class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
     def __init__(
         self,
         client: Client,
@@ -134,14 +135,14 @@ class TokenFeedDataset(IterableDataset):
             )
         self.job_fingerprint = self.job_fingerprint or fingerprint
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "next_step": self.next_step,
             "job": self.job,
             "job_fingerprint": self.job_fingerprint,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("job") != self.job:
             raise ValueError(f"checkpoint is for job {state.get('job')!r}, not {self.job!r}")
         # The checkpoint's fingerprint (empty if it was taken before any batch) binds the run;

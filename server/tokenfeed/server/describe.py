@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from tokenfeed.server.index import READY
@@ -27,7 +28,7 @@ def num_sources(idx: DatasetIndex) -> int:
 
 
 def _dataset_info(
-    idx: DatasetIndex, weight, sources: Callable[[DatasetIndex], int]
+    idx: DatasetIndex, weight: Fraction, sources: Callable[[DatasetIndex], int]
 ) -> pb.DatasetInfo:
     ready = idx.state == READY
     return pb.DatasetInfo(

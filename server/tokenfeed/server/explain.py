@@ -4,7 +4,7 @@ per document piece among its inputs the source object, the record ("line N", "ro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenfeed.server import packing
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from tokenfeed.server.planner import Plan
 
 
-def explain_rows(job: Job, plan: Plan) -> list[dict]:
-    rows: list[dict] = [{} for _ in range(plan.rows)]
+def explain_rows(job: Job, plan: Plan) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = [{} for _ in range(plan.rows)]
     for part in plan.parts:
         d, pc = part.dataset, part.pieces
         idx = job.indexes[d]
