@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import numpy as np
-from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
 from tokenfeed.server import errors, metrics
+from tokenfeed.server.batchmsg import batch_message, serialized
 from tokenfeed.server.describe import job_info, num_sources
 from tokenfeed.server.job import MAX_STEP, READY, Job
+from tokenfeed.server.statuses import abort, parse_request, shown, status_for, well_formed
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -29,94 +28,6 @@ if TYPE_CHECKING:
 STREAM_GROUP = 4
 GROUP_TOKENS = 32 * 4096
 
-log = logging.getLogger(__name__)
-
-STATUS = {
-    errors.RequestError: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.UnknownJobError: grpc.StatusCode.NOT_FOUND,
-    errors.NotReadyError: grpc.StatusCode.UNAVAILABLE,
-    errors.JobFailedError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.SourceError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.BadRecordError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.CacheTooSmallError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
-    errors.LocalError: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return grpc.StatusCode.INTERNAL
-
-
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str):
-    code = status_for(exc)
-    if code is grpc.StatusCode.INTERNAL:
-        log.exception("%s failed unexpectedly", method)
-        message = f"internal error: {type(exc).__name__}: {exc}"
-    else:
-        message = str(exc)
-    retry_after = getattr(exc, "retry_after", 0.0)
-    if retry_after:  # the standard hint gRPC's own retry policy honours
-        context.set_trailing_metadata((("grpc-retry-pushback-ms", str(int(retry_after * 1000))),))
-    await context.abort(code, message)
-
-
-class Malformed:
-    """A request whose bytes are not the message (truncated, mutated, invalid UTF-8 in a
-    string): deserialized as this, so the servicer answers INVALID_ARGUMENT saying so."""
-
-    job = None  # what the auth interceptor's job check reads
-
-    def __init__(self, what: str, error: Exception):
-        self.why = f"malformed {what}: {str(error)[:200]}"
-
-
-def _parse(message):
-    def parse(data: bytes):
-        try:
-            return message.FromString(data)
-        except DecodeError as e:
-            return Malformed(message.DESCRIPTOR.name, e)
-
-    return parse
-
-
-def _well_formed(request) -> None:
-    if isinstance(request, Malformed):
-        raise errors.RequestError(request.why)
-
-
-MAX_NAME_IN_MESSAGES = 64
-
-
-def shown(name: str) -> str:
-    """A name as error messages quote it: cut when long, so no message echoes a huge input."""
-    if len(name) <= MAX_NAME_IN_MESSAGES:
-        return repr(name)
-    return f"{name[:MAX_NAME_IN_MESSAGES]!r}… ({len(name)} characters)"
-
-
-def _serialized(message: bytes) -> bytes:
-    """Batches leave the servicer serialized (`batch_message`)."""
-    return message
-
-
-# tokenfeed.v1.Batch's `tokens` field (13), length-delimited.
-_TOKENS_TAG = bytes([13 << 3 | 2])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
 
 def stream_group(stream_ahead: int, rows: int, seq_len: int) -> int:
     """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP (and never more
@@ -124,47 +35,25 @@ def stream_group(stream_ahead: int, rows: int, seq_len: int) -> int:
     return max(1, min(stream_ahead, STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
 
 
-def batch_message(
-    job: Job, step: int, rank: int, world_size: int, epoch: int, compact: wire.Compact
-) -> tuple[bytes, int]:
-    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays. The token array
-    is appended to the serialized other fields as field 13 (a message's fields may come in any
-    order), so its bytes are copied once, straight from the assembled array (bench/, wire)."""
-    fields = wire.encode(compact, with_tokens=False)
-    head = pb.Batch(
-        job=job.name,
-        step=step,
-        rank=rank,
-        world_size=world_size,
-        epoch=epoch,
-        job_fingerprint=job.fingerprint,
-        **fields,
-    ).SerializeToString()
-    tokens = np.ascontiguousarray(compact.tokens)
-    message = b"".join((head, _TOKENS_TAG, _varint(tokens.nbytes), tokens.data))
-    payload = (
-        tokens.nbytes + len(fields["starts"]) + len(fields["row_splits"]) + len(fields["padding"])
-    )
-    return message, payload
-
-
 def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
     """The TokenFeed service on `server`, with request parsers that turn undecodable bytes into
     INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        "GetBatch": unary(servicer.GetBatch, _parse(pb.GetBatchRequest), _serialized),
+        "GetBatch": unary(servicer.GetBatch, parse_request(pb.GetBatchRequest), serialized),
         "StreamBatches": stream(
-            servicer.StreamBatches, _parse(pb.StreamBatchesRequest), _serialized
+            servicer.StreamBatches, parse_request(pb.StreamBatchesRequest), serialized
         ),
         "DescribeJob": unary(
-            servicer.DescribeJob, _parse(pb.DescribeJobRequest), pb.JobInfo.SerializeToString
+            servicer.DescribeJob, parse_request(pb.DescribeJobRequest), pb.JobInfo.SerializeToString
         ),
         "ListJobs": unary(
-            servicer.ListJobs, _parse(pb.ListJobsRequest), pb.ListJobsResponse.SerializeToString
+            servicer.ListJobs,
+            parse_request(pb.ListJobsRequest),
+            pb.ListJobsResponse.SerializeToString,
         ),
         "Explain": unary(
-            servicer.Explain, _parse(pb.GetBatchRequest), pb.Explanation.SerializeToString
+            servicer.Explain, parse_request(pb.GetBatchRequest), pb.Explanation.SerializeToString
         ),
     }
     name = pb.DESCRIPTOR.services_by_name["TokenFeed"].full_name
@@ -179,11 +68,11 @@ def _unary(method):
     async def wrapper(self, request, context):
         started = time.perf_counter()
         try:
-            _well_formed(request)
+            well_formed(request)
             reply = await method(self, request, context)
         except Exception as exc:  # every failure becomes a status; none reaches grpc raw
             metrics.REQUESTS.labels(name, status_for(exc).name).inc()
-            await _abort(context, exc, name)
+            await abort(context, exc, name)
         metrics.REQUEST_SECONDS.labels(name).observe(time.perf_counter() - started)
         metrics.REQUESTS.labels(name, "OK").inc()
         return reply
@@ -272,7 +161,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
         try:
-            _well_formed(request)
+            well_formed(request)
             ws = request.world_size or 1
             job = self._checked_job(request.job, request.start_step, request.rank, ws)
             end = request.end_step or MAX_STEP // job.spec.global_batch_size
@@ -288,7 +177,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             raise
         except Exception as exc:
             metrics.REQUESTS.labels("StreamBatches", status_for(exc).name).inc()
-            await _abort(context, exc, "StreamBatches")
+            await abort(context, exc, "StreamBatches")
         else:
             metrics.REQUESTS.labels("StreamBatches", "OK").inc()
 
