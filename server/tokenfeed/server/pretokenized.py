@@ -31,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenfeed.server.chunkfiles import DataStart, PartStart
-from tokenfeed.server.chunks import Chunk, is_token_list, megatron_header
+from tokenfeed.server.chunks import Chunk, is_token_list
 from tokenfeed.server.errors import SourceError
+from tokenfeed.server.megatron import megatron_header
 from tokenfeed.server.readers import BadRecord, read_parts
 from tokenfeed.server.storage import ObjectStore
 
