@@ -1,18 +1,28 @@
 """`tokenfeed build`: tokenize a config's jobs into the token store offline, on every core.
 
-The parent lists the sources and plans the chunks once; worker processes (one per core by
-default) tokenize chunks in sample order and write them to the store: the local cache directory
+The parent lists the sources and plans the chunks once, then tokenizes chunks in sample order
+itself, on every core, from the first moment; worker processes (up to `--workers` in all, one
+per core by default, but no more than there are chunks or PROCESS_BYTES of sources for) take
+chunks too as soon as each is up. Every one writes to the store: the local cache directory
 (`server.cache_dir`), and the shared store when `store.uri` is set (then bodies are published
-there and only manifests are kept locally). A chunk's manifest is its commit point, so a build
-that is interrupted, even by kill -9, resumes by skipping every chunk whose manifest exists: only
-unfinished chunks are redone, and the store ends byte-identical to an uninterrupted build's.
+there and only manifests are kept locally). Within a process, a chunk's reading, parsing and
+writing overlap its tokenizing where the engine allows (chunkmaker.py); across processes, one
+process's serial parts overlap the others' tokenizing.
+
+A chunk's manifest is its commit point, so a build that is interrupted, even by kill -9,
+resumes by skipping every chunk whose manifest exists: only unfinished chunks are redone, and
+the store ends byte-identical to an uninterrupted build's.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import math
 import multiprocessing
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +34,17 @@ from tokenfeed.server.chunks import Chunk
 from tokenfeed.server.config import Config
 from tokenfeed.server.diskfiles import lock_directory
 from tokenfeed.server.errors import JobFailedError
+from tokenfeed.server.index import DatasetIndex
 from tokenfeed.server.job import Job
 from tokenfeed.server.sharedstore import SharedStore
 from tokenfeed.server.storage import Storage
 from tokenfeed.server.tokstore import TokenStore
+
+# Sources per worker process at least. A process costs about a second of a core to start
+# (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
+# the start, so another is worth starting only for work well beyond that: 128 MiB of text is
+# about a minute of a core with HF's engine, 15 s with tiktoken.
+PROCESS_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -91,7 +108,10 @@ def build_chunk(job: Job, d: int, i: int, chunk: Chunk) -> Done:
     """Chunk i of dataset d, planned elsewhere, into `job`'s store (and published to the shared
     store): read from the store when it is there already, else tokenized. Its tokens depend on
     the chunk alone (its key is its content address), so it is indexed as a one-chunk plan."""
-    idx = job.indexes[d]
+    return _build_in(job.indexes[d], d, i, chunk)
+
+
+def _build_in(idx: DatasetIndex, d: int, i: int, chunk: Chunk) -> Done:
     idx.adopt([chunk])
     key = idx.keys[0]
     had = idx.store.get_index(key) is not None or (
@@ -146,23 +166,102 @@ class Progress:
 
 
 def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stderr) -> int:
-    """Build the named jobs' token stores; returns the number of chunks tokenized."""
-    keep = not config.store.uri
-    tokenized = 0
-    context = multiprocessing.get_context("spawn")
-    for name in names:
-        # Workers spawn at the first submit, after this process scanned (cleaned) the store.
-        pool = cf.ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_init_worker, initargs=(config, name, keep)
-        )
-        with pool:
-            tokenized += _build_job(config, name, workers, pool, out)
-    return tokenized
+    """Build the named jobs' token stores on up to `workers` processes, this one included;
+    returns the number of chunks tokenized."""
+    return sum(_build_job(config, name, workers, out) for name in names)
 
 
-def _build_job(
-    config: Config, name: str, workers: int, pool: cf.ProcessPoolExecutor, out: TextIO
-) -> int:
+def processes(workers: int, chunks: int, source_bytes: int) -> int:
+    """How many processes build `chunks` chunks of `source_bytes` in all: `workers` at most,
+    and no more than there are chunks or PROCESS_BYTES of sources for."""
+    return max(1, min(workers, chunks, math.ceil(source_bytes / PROCESS_BYTES)))
+
+
+def _ready() -> None:
+    """In a worker process: nothing; its answer says the process is up (its initializer ran)."""
+
+
+class _Builders:
+    """Hands a job's chunks out in sample order: to this process, which starts on the first at
+    once (on a thread of its own, sharing the planned job's tokenizer and store), and to each
+    worker process as soon as it is up, one chunk at a time. A worker's start-up (a new Python,
+    its imports, its tokenizer: about a second) so costs nothing: the chunks go to whoever is
+    ready, and a small corpus may be done before a worker is."""
+
+    def __init__(self, job: Job, todo: list[tuple[int, int]], pool: cf.ProcessPoolExecutor | None):
+        self.job, self.pool = job, pool
+        self.pending = collections.deque(todo)
+        self.results: queue.Queue[tuple[str, object]] = queue.Queue()
+        self.futures: set[cf.Future] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.local = [
+            DatasetIndex(job.spec, idx.dataset, idx.store, idx.tokenizer, idx.storage, idx.shared)
+            for idx in job.indexes
+        ]
+        for mine, planned in zip(self.local, job.indexes, strict=True):
+            mine.keep_bodies = planned.keep_bodies
+        self._thread = threading.Thread(target=self._run_local, name="build-local", daemon=True)
+
+    def start(self, workers_ready: list[cf.Future]) -> None:
+        for f in workers_ready:
+            f.add_done_callback(lambda f: self.results.put(("ready", f)))
+        self._thread.start()
+
+    def _next(self) -> tuple[int, int] | None:
+        with self._lock:
+            if self._stop.is_set() or not self.pending:
+                return None
+            return self.pending.popleft()
+
+    def _run_local(self) -> None:
+        try:
+            while (item := self._next()) is not None:
+                d, i = item
+                chunk = self.job.indexes[d].chunks[i]
+                self.results.put(("done", _build_in(self.local[d], d, i, chunk)))
+        except BaseException as e:  # handed to the main thread, which raises it
+            self.results.put(("failed", e))
+
+    def _submit(self) -> None:
+        item = self._next()
+        if item is not None and self.pool is not None:
+            d, i = item
+            f = self.pool.submit(_build_chunk, d, i, self.job.indexes[d].chunks[i])
+            self.futures.add(f)
+            f.add_done_callback(lambda f: self.results.put(("worker", f)))
+
+    def take(self) -> Done:
+        """The next chunk built, by this process or a worker; raises what a build raised."""
+        while True:
+            kind, value = self.results.get()
+            if kind == "failed":
+                raise value  # type: ignore[misc]
+            if kind == "done":
+                return value  # type: ignore[return-value]
+            future: cf.Future = value  # type: ignore[assignment]
+            self.futures.discard(future)
+            if kind == "ready":
+                future.result()  # a worker that could not start: BrokenProcessPool
+                self._submit()
+                continue
+            done = future.result()
+            self._submit()
+            return done
+
+    def stop(self) -> None:
+        """No chunk is handed out any more; this process's chunk in progress is abandoned at
+        its next encode batch, the workers' are finished (the pool's shutdown waits)."""
+        self._stop.set()
+        for idx in self.local:
+            idx.cancel()
+        for f in list(self.futures):
+            f.cancel()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
     job = planned_job(config, name)
     todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
     # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
@@ -172,10 +271,18 @@ def _build_job(
         if job.indexes[d].store.get_index(job.indexes[d].keys[i]) is not None
     }
     total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
+    left = [(d, i) for d, i in todo if (d, i) not in before]
+    left_bytes = sum(job.indexes[d].chunks[i].raw_bytes for d, i in left)
+    used = processes(workers, len(left), left_bytes)
+    how = f"{used} process(es)"
+    if used < workers:
+        how = (
+            f"{used} of {workers} process(es) (one per chunk and {PROCESS_BYTES >> 20} MiB at most)"
+        )
     print(
         f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
         f"{total_bytes / 1e6:.1f} MB of sources; {len(before)} already in the store, "
-        f"building the rest with {workers} process(es)",
+        f"building the rest with {how}",
         file=out,
         flush=True,
     )
@@ -185,20 +292,27 @@ def _build_job(
         entry, units = idx.index_chunk(i)
         idx.record(i, entry, units)
         progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
-    futures = [
-        pool.submit(_build_chunk, d, i, job.indexes[d].chunks[i])
-        for d, i in todo
-        if (d, i) not in before
-    ]
+    pool = None
+    if used > 1:
+        pool = cf.ProcessPoolExecutor(
+            used - 1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(config, name, not config.store.uri),
+        )
+    builders = _Builders(job, left, pool)
     try:
-        for future in cf.as_completed(futures):
-            done = future.result()
+        # Worker processes start now, after the scan above cleaned the store; this process
+        # builds from the first moment, so their start-up delays nothing.
+        builders.start([pool.submit(_ready) for _ in range(used - 1)] if pool else [])
+        for _ in left:
+            done = builders.take()
             job.indexes[done.dataset].record(done.chunk, done.entry, done.units)
             progress.add(done)
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        raise
+    finally:
+        builders.stop()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     if progress.tty:
         out.write("\n")
     for idx in job.indexes:

@@ -6,16 +6,23 @@ worker threads; concurrent callers for one chunk make it once (the cache's singl
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections import Counter
+import weakref
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenfeed.server import bestfit, metrics, packing, pretokenized
 from tokenfeed.server.chunkfiles import ChunkIndex, encode_chunk
 from tokenfeed.server.errors import BadRecordError, SourceChangedError, StoreCorruptError
-from tokenfeed.server.readers import BadRecord, read_documents
+from tokenfeed.server.readers import BadRecord, read_pieces
+from tokenfeed.server.tokenize import ENCODE_BATCH_DOCS, TextTokenizer
 from tokenfeed.server.tokstore import ChunkMissing, TokenChunk
 
 if TYPE_CHECKING:
@@ -24,6 +31,30 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BAD_EXAMPLES_PER_CHUNK = 20
+# A chunk is tokenized in pieces of this many documents (one encode batch), PIECES_IN_FLIGHT
+# at once with HF's engine while the next piece is parsed: see ChunkMaker._encode. Two are
+# enough for one piece's GIL-bound part to hide behind the other's encoding.
+PIECE_DOCS = ENCODE_BATCH_DOCS
+PIECES_IN_FLIGHT = 2
+
+
+# One chunk at a time per tiktoken engine parses and encodes in a process; see _slot.
+_TIKTOKEN_SLOTS: weakref.WeakKeyDictionary[TextTokenizer, threading.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slot(tokenizer: TextTokenizer) -> AbstractContextManager:
+    """What a chunk holds while its lines are parsed and its documents encoded. tiktoken takes
+    the GIL around every document, so a second chunk parsing in the same process (a server's
+    `tokenize` pool) starves its threads: with it, chunks take turns, and only their reads and
+    writes (which release the GIL) overlap. HF's threads encode without the GIL: its chunks
+    overlap freely."""
+    if tokenizer.engine == "hf":
+        return contextlib.nullcontext()
+    with _SLOTS_LOCK:
+        return _TIKTOKEN_SLOTS.setdefault(tokenizer, threading.Lock())
 
 
 class BuildCancelled(Exception):
@@ -151,9 +182,9 @@ class ChunkMaker:
             self._check_policy([str(b) for b in pre.bad])
             docs, tokens, lengths = pre, pre.tokens, pre.lengths
         else:
-            docs = read_documents(source, chunk)
-            self._check_policy([str(b) for b in docs.bad])
-            tokens, lengths = self.ix.tokenizer.encode(docs.texts, between_batches=self._stop_point)
+            docs, pieces = read_pieces(source, chunk, PIECE_DOCS)  # read: I/O, no slot
+            with _slot(self.ix.tokenizer):
+                tokens, lengths = self._encode(pieces, docs.bad)
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
         if (lengths == 0).any():
             empty = np.nonzero(lengths == 0)[0]
@@ -187,6 +218,44 @@ class ChunkMaker:
         metrics.TOKENIZED_BYTES.labels(self.ix.spec.name).inc(chunk.raw_bytes)
         metrics.TOKENIZE_SECONDS.labels(self.ix.spec.name).inc(time.monotonic() - started)
         return entry
+
+    def _encode(
+        self, pieces: Iterator[list[str]], bad: list[BadRecord]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The pieces' tokens and document lengths, in order; `bad` fills in as the pieces are
+        parsed, and under `strict` the first bad record stops the chunk.
+
+        With HF's engine, PIECES_IN_FLIGHT pieces are encoded at once while this thread parses
+        the next: its threads need no GIL while they encode, so they stay busy through what
+        holds it (parsing lines, one piece's ids made into numpy arrays). tiktoken takes the
+        GIL around every document, and a thread parsing beside it would starve its threads:
+        its pieces go one after another."""
+        tokenizer, stop = self.ix.tokenizer, self._stop_point
+        in_flight = PIECES_IN_FLIGHT if tokenizer.engine == "hf" else 1
+        tokens: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        encoding: deque[Future] = deque()
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="encode") as pool:
+            try:
+                for texts in pieces:
+                    self._check_policy([str(b) for b in bad[:1]])
+                    encoding.append(pool.submit(tokenizer.encode, texts, stop))
+                    while len(encoding) >= in_flight:
+                        t, n = encoding.popleft().result()
+                        tokens.append(t)
+                        lengths.append(n)
+                self._check_policy([str(b) for b in bad[:1]])
+                while encoding:
+                    t, n = encoding.popleft().result()
+                    tokens.append(t)
+                    lengths.append(n)
+            except BaseException:
+                for f in encoding:  # what has not started is not encoded
+                    f.cancel()
+                raise
+        if not tokens:
+            return np.zeros(0, dtype=tokenizer.dtype), np.zeros(0, dtype=np.int32)
+        return np.concatenate(tokens), np.concatenate(lengths)
 
     def _stop_point(self) -> None:
         if self.ix.cancelled:

@@ -157,23 +157,36 @@ def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadReco
 
 
 def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+    docs = ChunkDocuments([], [], 0, [])
+    docs.texts = list(_jsonl_texts(store, chunk, docs, _jsonl_data(store, chunk, docs)))
+    return docs
+
+
+def _jsonl_data(store: ObjectStore, chunk: Chunk, docs: ChunkDocuments) -> bytes:
+    """The chunk's lines (decompressed); where they start goes to `docs`."""
     if chunk.kind == "jsonl":
-        data, data_start = _line_range(store, chunk)
-    else:
-        data, data_start = _decompressed(store, chunk), 0
-    texts, bad, records, ids = [], [], 0, []
-    line_base: int | None = 0 if data_start == 0 else None
+        data, docs.data_start = _line_range(store, chunk)
+        return data
+    docs.data_start = 0
+    return _decompressed(store, chunk)
+
+
+def _jsonl_texts(
+    store: ObjectStore, chunk: Chunk, docs: ChunkDocuments, data: bytes
+) -> Iterator[str]:
+    """The good texts of the chunk's lines `data`, one at a time; its bad records, record
+    count and record ids go to `docs` as the lines are parsed (its `texts` are the caller's)."""
+    line_base: int | None = 0 if docs.data_start == 0 else None
     for i, item in _parse_lines(data, chunk):
-        records += 1
+        docs.records += 1
         if isinstance(item, str):
-            texts.append(item)
-            ids.append(i)
+            docs.record_ids.append(i)
+            yield item
             continue
         if line_base is None:  # only paid when a range chunk has a bad record
-            line_base = _count_lines_before(store, chunk, data_start)
+            line_base = _count_lines_before(store, chunk, docs.data_start)
         location = f"{chunk.source.uri}:{line_base + i + 1}"
-        bad.append(BadRecord(item.reason, location, item.detail))
-    return ChunkDocuments(texts, bad, records, ids, data_start)
+        docs.bad.append(BadRecord(item.reason, location, item.detail))
 
 
 def line_number(store: ObjectStore, chunk: Chunk, data_start: int, record: int) -> int:
@@ -270,6 +283,37 @@ def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
     if chunk.kind == "parquet":
         return _read_parquet(store, chunk)
     return _read_jsonl(store, chunk)
+
+
+def read_pieces(
+    store: ObjectStore, chunk: Chunk, docs_per_piece: int
+) -> tuple[ChunkDocuments, Iterator[list[str]]]:
+    """The documents of a chunk a piece at a time, so that tokenizing one piece overlaps
+    parsing the next: (its records, the pieces of its texts). The records' bad records, count
+    and ids fill in as the pieces are taken, and are complete once the last one is; their
+    `texts` stay empty (each piece is the caller's). The chunk's bytes are read here, before
+    the first piece is asked for; plain and compressed JSON Lines are then parsed piece by
+    piece, while Parquet and groups are parsed here too (Arrow, and parallel reads of the
+    parts, are fast at that)."""
+    if chunk.parts or chunk.kind == "parquet":
+        whole = read_documents(store, chunk)
+        texts, whole.texts = whole.texts, []
+        n = docs_per_piece
+        return whole, (texts[i : i + n] for i in range(0, len(texts), n))
+    docs = ChunkDocuments([], [], 0, [])
+    data = _jsonl_data(store, chunk, docs)
+    return docs, _batched(_jsonl_texts(store, chunk, docs, data), docs_per_piece)
+
+
+def _batched(items: Iterator[str], n: int) -> Iterator[list[str]]:
+    piece: list[str] = []
+    for item in items:
+        piece.append(item)
+        if len(piece) == n:
+            yield piece
+            piece = []
+    if piece:
+        yield piece
 
 
 def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
