@@ -1,0 +1,76 @@
+"""`tokenfeed build` on several processes: this one builds from the start and worker processes
+join as each is up; the store is the same bytes as one process's, and a worker's failure is the
+build's. A corpus this small gets one process by itself (`build.PROCESS_BYTES`), so the tests
+lower that threshold to make the workers start."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from support import job_spec, write_config
+from tokenfeed.server import build
+from tokenfeed.server import config as configmod
+from tokenfeed.server.errors import BadRecordError
+
+
+def corpus(root: Path, texts: list[str], bad_line: int | None = None) -> Path:
+    root.mkdir()
+    for part in range(2):
+        lines = [json.dumps({"text": f"{t}\n[part {part}]"}) + "\n" for t in texts]
+        if bad_line is not None and part == 1:
+            lines[bad_line] = '{"text": "cut short\n'
+        (root / f"part-{part}.jsonl").write_text("".join(lines))
+    return root
+
+
+def store_files(cache: Path) -> dict[str, bytes]:
+    root = cache / "tokens"
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def run(tmp: Path, name: str, source: Path, workers: int, **spec) -> tuple[str, Path]:
+    cache = tmp / f"cache-{name}"
+    cfg = write_config(
+        tmp / f"{name}.yaml", {"main": job_spec([source / "*.jsonl"], **spec)}, cache
+    )
+    out = io.StringIO()
+    build.build(configmod.load(cfg), ["main"], workers, out)
+    return out.getvalue(), cache
+
+
+def test_processes_are_bounded_by_chunks_and_sources():
+    mib = 2**20
+    assert build.processes(8, 100, 1000 * build.PROCESS_BYTES) == 8
+    assert build.processes(8, 3, 1000 * build.PROCESS_BYTES) == 3
+    assert build.processes(8, 100, 2 * build.PROCESS_BYTES + mib) == 3
+    assert build.processes(8, 100, 10 * mib) == 1
+    assert build.processes(1, 100, 1000 * build.PROCESS_BYTES) == 1
+    assert build.processes(4, 0, 0) == 1
+
+
+def test_worker_processes_write_the_bytes_one_process_writes(tmp_path, texts, monkeypatch):
+    source = corpus(tmp_path / "corpus", texts)
+    alone, cache_alone = run(tmp_path, "alone", source, 3)
+    assert "with 1 of 3 process(es)" in alone, alone
+    monkeypatch.setattr(build, "PROCESS_BYTES", 1)
+    shared, cache_shared = run(tmp_path, "shared", source, 3)
+    first = next(line for line in shared.splitlines() if line.startswith("job main: "))
+    total = int(first.split(": ")[1].split(" chunks")[0])
+    assert total > 20 and "with 3 process(es)" in first, first
+    assert f"tokenized {total} chunks, 0 were already in the store" in shared, shared
+    assert store_files(cache_shared) == store_files(cache_alone)
+
+
+def test_a_bad_record_fails_the_build_with_its_location_whichever_process_reads_it(
+    tmp_path, texts, monkeypatch
+):
+    source = corpus(tmp_path / "corpus", texts, bad_line=len(texts) - 3)
+    monkeypatch.setattr(build, "PROCESS_BYTES", 1)
+    with pytest.raises(BadRecordError) as failed:
+        run(tmp_path, "strict", source, 3, bad_records="strict")
+    assert f"part-1.jsonl:{len(texts) - 2}: malformed_json" in str(failed.value)
