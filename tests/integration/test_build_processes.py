@@ -53,17 +53,23 @@ def test_processes_are_bounded_by_chunks_and_sources():
     assert build.processes(4, 0, 0) == 1
 
 
-def test_worker_processes_write_the_bytes_one_process_writes(tmp_path, texts, monkeypatch):
+def test_threads_and_worker_processes_write_the_bytes_one_thread_writes(
+    tmp_path, texts, monkeypatch
+):
     source = corpus(tmp_path / "corpus", texts)
+    with monkeypatch.context() as m:
+        m.setattr(build, "LOCAL_THREADS", 1)
+        _, cache_one = run(tmp_path, "one", source, 1)
     alone, cache_alone = run(tmp_path, "alone", source, 3)
     assert "with 1 of 3 process(es)" in alone, alone
+    assert store_files(cache_alone) == store_files(cache_one)
     monkeypatch.setattr(build, "PROCESS_BYTES", 1)
     shared, cache_shared = run(tmp_path, "shared", source, 3)
     first = next(line for line in shared.splitlines() if line.startswith("job main: "))
     total = int(first.split(": ")[1].split(" chunks")[0])
     assert total > 20 and "with 3 process(es)" in first, first
     assert f"tokenized {total} chunks, 0 were already in the store" in shared, shared
-    assert store_files(cache_shared) == store_files(cache_alone)
+    assert store_files(cache_shared) == store_files(cache_one)
 
 
 def test_a_bad_record_fails_the_build_with_its_location_whichever_process_reads_it(

@@ -47,6 +47,11 @@ from tokenfeed.server.tokstore import TokenStore
 PROCESS_BYTES = 128 * 2**20
 
 
+# Chunks this process builds at once: while one is read or written (I/O, no GIL), the other
+# tokenizes; as in a server's `tokenize` pool (server.tokenize_threads, default 2).
+LOCAL_THREADS = 2
+
+
 @dataclass(frozen=True)
 class Done:
     """What a worker reports for one chunk."""
@@ -183,7 +188,7 @@ def _ready() -> None:
 
 class _Builders:
     """Hands a job's chunks out in sample order: to this process, which starts on the first at
-    once (on a thread of its own, sharing the planned job's tokenizer and store), and to each
+    once (on LOCAL_THREADS threads, sharing the planned job's tokenizer and store), and to each
     worker process as soon as it is up, one chunk at a time. A worker's start-up (a new Python,
     its imports, its tokenizer: about a second) so costs nothing: the chunks go to whoever is
     ready, and a small corpus may be done before a worker is."""
@@ -195,18 +200,34 @@ class _Builders:
         self.futures: set[cf.Future] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.local = [
-            DatasetIndex(job.spec, idx.dataset, idx.store, idx.tokenizer, idx.storage, idx.shared)
-            for idx in job.indexes
+        # Each thread its own indexes: building a chunk adopts it as a one-chunk plan.
+        self.local = [self._indexes(job) for _ in range(LOCAL_THREADS)]
+        self._threads = [
+            threading.Thread(target=self._run_local, args=(mine,), name=f"build-{k}", daemon=True)
+            for k, mine in enumerate(self.local)
         ]
-        for mine, planned in zip(self.local, job.indexes, strict=True):
-            mine.keep_bodies = planned.keep_bodies
-        self._thread = threading.Thread(target=self._run_local, name="build-local", daemon=True)
+
+    @staticmethod
+    def _indexes(job: Job) -> list[DatasetIndex]:
+        indexes = []
+        for planned in job.indexes:
+            idx = DatasetIndex(
+                job.spec,
+                planned.dataset,
+                planned.store,
+                planned.tokenizer,
+                planned.storage,
+                planned.shared,
+            )
+            idx.keep_bodies = planned.keep_bodies
+            indexes.append(idx)
+        return indexes
 
     def start(self, workers_ready: list[cf.Future]) -> None:
         for f in workers_ready:
             f.add_done_callback(lambda f: self.results.put(("ready", f)))
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def _next(self) -> tuple[int, int] | None:
         with self._lock:
@@ -214,12 +235,12 @@ class _Builders:
                 return None
             return self.pending.popleft()
 
-    def _run_local(self) -> None:
+    def _run_local(self, indexes: list[DatasetIndex]) -> None:
         try:
             while (item := self._next()) is not None:
                 d, i = item
                 chunk = self.job.indexes[d].chunks[i]
-                self.results.put(("done", _build_in(self.local[d], d, i, chunk)))
+                self.results.put(("done", _build_in(indexes[d], d, i, chunk)))
         except BaseException as e:  # handed to the main thread, which raises it
             self.results.put(("failed", e))
 
@@ -253,12 +274,14 @@ class _Builders:
         """No chunk is handed out any more; this process's chunk in progress is abandoned at
         its next encode batch, the workers' are finished (the pool's shutdown waits)."""
         self._stop.set()
-        for idx in self.local:
-            idx.cancel()
+        for indexes in self.local:
+            for idx in indexes:
+                idx.cancel()
         for f in list(self.futures):
             f.cancel()
-        if self._thread.is_alive():
-            self._thread.join()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
 
 
 def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
