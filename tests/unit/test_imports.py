@@ -357,3 +357,23 @@ def test_a_module_importing_itself_is_a_cycle(tmp_path):
     modules = _package(tmp_path, {"__init__.py": "", "a.py": "import pkg.a\n", "b.py": ""})
     (cycle,) = cycles(graph(imports(modules), modules, {MODULE}))
     assert [(imp.importer, imp.imported) for imp in cycle] == [("pkg.a", "pkg.a")]
+
+
+def test_nothing_the_pure_core_imports_reaches_io_either(modules, found):
+    # Through a module of the project (planner -> index -> storage -> boto3) is as bad as
+    # directly: importing the core must not load the service's libraries.
+    edges = graph(found, modules, {MODULE})
+    reached, todo = set(), list(pure_core(modules))
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo.extend(edges.get(m, {}))
+    bad = [
+        f"{imp.importer} imports {imp.imported} ({imp.where()})"
+        for imp in found
+        if imp.importer in reached
+        and imp.kind == MODULE
+        and any(imp.imported == n or imp.imported.startswith(n + ".") for n in NOT_IN_PURE_CORE)
+    ]
+    assert not bad, f"reached from the pure core ({sorted(reached)}):\n" + "\n".join(bad)

@@ -369,6 +369,24 @@ class DatasetIndex:
             self.rows_per_epoch,
         )
 
+    @property
+    def ready(self) -> bool:
+        """Every chunk is built and counted: rows of every epoch are known."""
+        return self.state == READY
+
+    def not_built(self, job: str, step: int, need: int) -> tuple[str, float]:
+        """Why `step` of `job`, which needs this dataset's first `need` rows, cannot be served
+        yet, and a guess of the seconds until it can (from the build's rate so far)."""
+        elapsed = max(time.monotonic() - self.started, 1e-3)
+        rate = self.rows_built / elapsed  # rows per second built so far
+        eta = (need - self.rows_built) / rate if rate > 0 else 5.0
+        return (
+            f"step {step} of job {job} needs {need} rows of dataset "
+            f"{self.dataset.name}; {self.rows_built} rows are built so far "
+            f"({self.positions_built}/{len(self.chunks)} chunks tokenized in sample order)",
+            min(max(eta, 1.0), 600.0),
+        )
+
     def _tell(self) -> None:
         for listener in self.listeners:
             listener()

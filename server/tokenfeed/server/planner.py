@@ -8,7 +8,6 @@ are (order.Pieces). Planning is O(rows of the batch · log chunks), whatever the
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
@@ -16,7 +15,6 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from tokenfeed.server import order
 from tokenfeed.server.errors import NotBuiltError, RequestError
-from tokenfeed.server.index import READY
 from tokenfeed.server.lru import LRU
 
 if TYPE_CHECKING:
@@ -93,12 +91,12 @@ class Planner:
     def locate(self, d: int, rows: np.ndarray, step: int) -> tuple[np.ndarray, order.Pieces]:
         """(epoch of each row, the pieces of chunks they read) for rows of dataset `d`."""
         idx = self.indexes[d]
-        if idx.state == READY:
+        if idx.ready:
             epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
         else:  # still building: only epoch 0's rows of fully built windows are known
             need = int(rows.max()) + 1
             if need > idx.rows_built:
-                raise NotBuiltError(self._not_built(idx, step, need))
+                raise NotBuiltError(idx.not_built(self.name, step, need))
             epochs = np.zeros(len(rows), dtype=np.int64)
         natural = np.empty_like(rows)
         for epoch in dict.fromkeys(epochs.tolist()):
@@ -136,25 +134,12 @@ class Planner:
             out.update((p.dataset, e, c) for e, c in pairs)
         return out
 
-    def _not_built(self, idx: DatasetIndex, step: int, need: int) -> tuple[str, float]:
-        """Why step cannot be served yet, and a guess of the seconds until it can."""
-        built = idx.positions_built
-        elapsed = max(time.monotonic() - idx.started, 1e-3)
-        rate = idx.rows_built / elapsed  # rows per second built so far
-        eta = (need - idx.rows_built) / rate if rate > 0 else 5.0
-        return (
-            f"step {step} of job {self.name} needs {need} rows of dataset "
-            f"{idx.dataset.name}; {idx.rows_built} rows are built so far ({built}/"
-            f"{len(idx.chunks)} chunks tokenized in sample order)",
-            min(max(eta, 1.0), 600.0),
-        )
-
     def layout(self, d: int, epoch: int) -> order.EpochLayout:
         """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over
         its built windows (chunks not built yet count 0 rows, after them); it is keyed by how
         many windows are built, so it is remade as the build advances."""
         idx, s = self.indexes[d], self.spec
-        version = -1 if idx.state == READY else idx.rows_built
+        version = -1 if idx.ready else idx.rows_built
 
         def make() -> order.EpochLayout:
             return order.epoch_layout(
