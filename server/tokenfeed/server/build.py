@@ -90,6 +90,8 @@ def _init_worker(config: Config, name: str, keep: bool) -> None:
 
 def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
     """In a worker process."""
+    if _worker is None:
+        raise RuntimeError("a build worker process was started without _init_worker")
     return build_chunk(_worker, d, i, chunk)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from tokenfeed.server import bestfit, metrics, packing, pretokenized
 from tokenfeed.server.chunkfiles import ChunkIndex, encode_chunk
 from tokenfeed.server.errors import BadRecordError, SourceChangedError, StoreCorruptError
-from tokenfeed.server.readers import BadRecord, read_pieces
+from tokenfeed.server.readers import BadRecord, ChunkDocuments, read_pieces
 from tokenfeed.server.tokenize import ENCODE_BATCH_DOCS, TextTokenizer
 from tokenfeed.server.tokstore import ChunkMissing, TokenChunk
 
@@ -177,6 +177,7 @@ class ChunkMaker:
         key, chunk = self.ix.keys[i], self.ix.chunks[i]
         started = time.monotonic()
         source = self.ix.storage.for_uri(chunk.source.uri)
+        docs: pretokenized.PretokenizedChunk | ChunkDocuments
         if chunk.kind in pretokenized.KINDS:  # token ids already: no tokenizer
             pre = pretokenized.read_chunk(source, chunk, self.ix.tokenizer)
             self._check_policy([str(b) for b in pre.bad])

@@ -34,6 +34,7 @@ from tokenfeed.server.config import DatasetSpec, JobSpec, SourceSpec
 from tokenfeed.server.control import SupervisorLink
 from tokenfeed.server.errors import (
     LocalError,
+    NotReadyError,
     SourceError,
     TokenfeedError,
 )
@@ -86,12 +87,13 @@ class DatasetIndex:
         spec: JobSpec,
         dataset: DatasetSpec,
         store: TokenStore,
-        tokenizer: TextTokenizer,
+        tokenizer: TextTokenizer | None,
         storage: Storage,
         shared: SharedStore | None = None,
         supervisor: SupervisorLink | None = None,
     ):
-        self.spec, self.dataset, self.store, self.tokenizer = spec, dataset, store, tokenizer
+        self.spec, self.dataset, self.store = spec, dataset, store
+        self._tokenizer = tokenizer
         self.storage, self.shared = storage, shared
         # In a serving worker (control.py): the supervisor plans and tokenizes; this index
         # only reads the manifests it commits, and asks it for evicted bodies.
@@ -368,6 +370,19 @@ class DatasetIndex:
             int(self.num_tokens.sum()),
             self.rows_per_epoch,
         )
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The job's tokenizer: set by the job once loaded, before the index is planned."""
+        if self._tokenizer is None:
+            raise NotReadyError(
+                f"job {self.name}: dataset {self.dataset.name} has no tokenizer yet", 5.0
+            )
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
 
     @property
     def ready(self) -> bool:

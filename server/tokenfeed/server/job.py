@@ -64,8 +64,7 @@ class Job:
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
         # (DatasetIndex's annotation says the tokenizer is always there).
         self.indexes = [
-            DatasetIndex(spec, d, store, None, storage, shared, supervisor)  # type: ignore[arg-type]
-            for d in spec.datasets
+            DatasetIndex(spec, d, store, None, storage, shared, supervisor) for d in spec.datasets
         ]
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)

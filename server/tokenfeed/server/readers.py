@@ -124,8 +124,8 @@ def _decompressed(store: ObjectStore, chunk: Chunk) -> bytes:
         raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
 
 
-def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord | None]]:
-    """(line index within data, text or bad record or None for a blank line)."""
+def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord]]:
+    """(line index within data, its text or why it is a bad record)."""
     field = chunk.text_field
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
@@ -156,6 +156,15 @@ def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadReco
             yield i, record[field]
 
 
+def _single_start(chunk: Chunk | None, data_start: DataStart) -> int:
+    """The data start of one object's records (a group's parts are read one at a time, each
+    with documents of its own)."""
+    if isinstance(data_start, tuple):
+        what = chunk.describe() if chunk is not None else "a part of a group"
+        raise ValueError(f"{what}: per-part data starts where one object's was expected")
+    return data_start
+
+
 def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
     docs = ChunkDocuments([], [], 0, [])
     docs.texts = list(_jsonl_texts(store, chunk, docs, _jsonl_data(store, chunk, docs)))
@@ -184,7 +193,7 @@ def _jsonl_texts(
             yield item
             continue
         if line_base is None:  # only paid when a range chunk has a bad record
-            line_base = _count_lines_before(store, chunk, docs.data_start)
+            line_base = _count_lines_before(store, chunk, _single_start(chunk, docs.data_start))
         location = f"{chunk.source.uri}:{line_base + i + 1}"
         docs.bad.append(BadRecord(item.reason, location, item.detail))
 
@@ -220,7 +229,7 @@ def locate_record(
                 data_start = start.data_start
                 break
             record -= start.records
-    elif isinstance(data_start, tuple):
+    if isinstance(data_start, tuple):
         raise StoreCorruptError(f"{chunk.describe()}: its manifest describes a group")
     uri = part.source.uri
     if part.kind in ("parquet", "parquet-tokens"):
@@ -324,5 +333,9 @@ def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
         ids += [base + i for i in d.record_ids]
         base += d.records
     return ChunkDocuments(
-        texts, bad, base, ids, tuple(PartStart(d.records, d.data_start) for d in parts)
+        texts,
+        bad,
+        base,
+        ids,
+        tuple(PartStart(d.records, _single_start(None, d.data_start)) for d in parts),
     )
