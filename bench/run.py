@@ -1,6 +1,7 @@
-"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization overhead, the
-client's own costs in a fleet (decoding, waiting on data, failover), packing, and serving from
-object storage through the disk cache.
+"""tokenfeed benchmarks: warm serving against a raw gRPC ceiling, tokenization against the bare
+engines (offline builds, a server's cold index, Ray), the client's own costs in a fleet
+(decoding, waiting on data, failover), packing, and serving from object storage through the
+disk cache.
 
     python -m bench.run [--quick] [--only SECTION ...]
                                        (from the repository root; `make bench`, `make bench-quick`)
@@ -39,11 +40,9 @@ from bench.packing import PackingResult
 from bench.serving import ServingResult
 from bench.stats import median, paired_ratio, percentile
 from bench.table import number, render
-from bench.tokenization import TokenizationResult
 
 OUT = Path(__file__).resolve().parent / "out"
 SERVING_TARGET = 0.70
-TOKENIZE_TARGET = 0.85
 FETCH_TARGET = 1.10  # bytes fetched from object storage / bytes the epoch needed, at most
 WARM_RANGE = (0.90, 1.10)  # warm S3 / local tokens/s: both serve from the token cache
 SECTIONS = (
@@ -65,20 +64,20 @@ INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
 
 QUICK = (
     serving.ServingSizes(rounds=3, unary_calls=100, stream_steps=105),
-    tokenization.TokenizationSizes(copies=1, repeats=3),
+    tokenization.QUICK,
     client.ClientSizes(decodes=200, handoffs=2000, trainer_steps=250, rounds=2, failovers=3),
     packing.PackingSizes(repeats=3, calls=100),
     objstore.ObjstoreSizes(copies=4, rounds=2),
-    store.StoreSizes(copies=2, repeats=2, lookups=5),
+    store.StoreSizes(lookups=5),
     smallobjects.SmallObjectsSizes(objects=2000, copies=4, rounds=2),
 )
 FULL = (
     serving.ServingSizes(rounds=7, unary_calls=500, stream_steps=525),
-    tokenization.TokenizationSizes(copies=4, repeats=7),
+    tokenization.FULL,
     client.ClientSizes(decodes=1000, handoffs=10000, trainer_steps=500, rounds=5, failovers=7),
     packing.PackingSizes(repeats=7, calls=500),
     objstore.ObjstoreSizes(copies=10, rounds=5),
-    store.StoreSizes(copies=8, repeats=5, lookups=20),
+    store.StoreSizes(lookups=20),
     smallobjects.SmallObjectsSizes(objects=10_000, copies=16, rounds=3),
 )
 
@@ -146,42 +145,6 @@ def serving_table(r: ServingResult) -> str:
     )
     table = render(title, ["", "tokenfeed", "gRPC ceiling", "tokenfeed/ceiling", "target"], rows)
     return f"{table}\nshutdown: tokenfeed {tf.stopped.describe()}; ceiling {cl.stopped.describe()}"
-
-
-def tokenization_table(r: TokenizationResult) -> str:
-    # Rates of one workload: the ratio of rates is the inverse ratio of times, repeat by repeat.
-    value = paired_ratio(r.bare_seconds, r.index_seconds)
-
-    def row(label: str, per_second) -> list[str]:
-        bare, index = per_second(r.bare_seconds), per_second(r.index_seconds)
-        return [
-            label,
-            number(bare, 2),
-            number(index, 2),
-            number(value, 2),
-            target(value, TOKENIZE_TARGET),
-        ]
-
-    rows = [
-        [
-            "seconds (median)",
-            number(median(r.bare_seconds), 3),
-            number(median(r.index_seconds), 3),
-            "",
-            "",
-        ],
-        row("docs/s", r.docs_per_second),
-        row("MB/s of text", r.mb_per_second),
-    ]
-    title = (
-        f"2. Tokenization, same tokenizer and texts\n"
-        f"   {r.docs:,} docs, {r.text_bytes / 1e6:.2f} MB of text; JSONL in {r.chunks} chunks of "
-        f"{tokenization.CHUNK_BYTES}; tokenize_threads {r.threads}\n"
-        f"   median of {len(r.bare_seconds)} alternating repeats; ratio: median of the repeats' "
-        "ratios"
-    )
-    header = ["", "encode_batch_fast loop", "tokenfeed index build", "index/loop", "target"]
-    return render(title, header, rows)
 
 
 def client_table(r: ClientResult) -> str:
@@ -398,40 +361,6 @@ def objstore_table(r: ObjstoreResult) -> str:
 
 
 def store_table(r: store.StoreResult) -> str:
-    mb = r.text_bytes / 1e6
-    rows = [
-        [
-            "bare tokenizer (encode_batch_fast, this process)",
-            number(mb / median(r.bare), 2),
-            number(r.tokens / median(r.bare) / 1e6, 2),
-            "1.00",
-            "",
-        ]
-    ]
-    for workers, seconds in sorted(r.builds.items()):
-        ratio = paired_ratio([1 / s for s in seconds], [1 / b for b in r.bare])
-        rows.append(
-            [
-                f"tokenfeed build --workers {workers}",
-                number(mb / median(seconds), 2),
-                number(r.tokens / median(seconds) / 1e6, 2),
-                number(ratio, 2),
-                "",
-            ]
-        )
-    two = paired_ratio([1 / s for s in r.builds[2]], [1 / s for s in r.builds[1]])
-    title = (
-        "7a. Token store build: `tokenfeed build` on 1 and 2 processes against the bare tokenizer\n"
-        f"   corpus: {r.docs:,} docs, {mb:.2f} MB of text in 2 JSON Lines files, {r.chunks} "
-        f"chunks of {store.CHUNK_BYTES}; {r.tokens:,} tokens; medians of {len(r.bare)} rounds"
-    )
-    table = render(title, ["", "MB/s", "M tokens/s", "vs bare", ""], rows)
-    build_notes = (
-        f"2 processes / 1 process: {two:.2f} (median of the rounds' ratios)\n"
-        "build: the build's own elapsed time (tokenizing to the last chunk stored, worker "
-        "start-up included), an empty cache each round; the bare loop uses the tokenizer's own "
-        "threads"
-    )
     x = r.index
     lookups = [
         [f"{int(m):,}", number(x["cold"][m] * 1e3, 2), number(x["warm"][m] * 1e3, 3)]
@@ -439,7 +368,7 @@ def store_table(r: store.StoreResult) -> str:
     ]
     rss = x["hwm_mb"]
     index_title = (
-        f"7b. A server's index at corpus scale: {x['chunks']:,} chunks of 32M tokens in "
+        f"7. A server's index at corpus scale: {x['chunks']:,} chunks of 32M tokens in "
         f"{x['objects']:,} objects ({x['tokens'] / 1e12:.1f} trillion tokens), seq_len "
         f"{store.SEQ_LEN} x {store.BATCH} rows: {x['steps_per_epoch']:,} steps per epoch\n"
         f"   RSS: {x['rss_base_mb']:.0f} MB after imports, {x['rss_index_mb']:.0f} MB with the "
@@ -453,7 +382,7 @@ def store_table(r: store.StoreResult) -> str:
         "layout, O(chunks); a new window materialises its row permutation); again: the same "
         "step once more (the plan alone); medians"
     )
-    return f"{table}\n{build_notes}\n\n{index_table}\n{index_notes}"
+    return f"{index_table}\n{index_notes}"
 
 
 def smallobjects_table(r: smallobjects.SmallObjectsResult, workers: int) -> str:
@@ -552,8 +481,7 @@ def main() -> None:
     if "serving" in only:
         print(serving_table(serving.run(serving_sizes, OUT, threads)) + "\n", flush=True)
     if "tokenization" in only:
-        tokenized = tokenization.run(tokenize_sizes, OUT, threads)
-        print(tokenization_table(tokenized) + "\n", flush=True)
+        print(tokenization.run(tokenize_sizes, OUT) + "\n", flush=True)
     if "client" in only:
         print(client_table(client.run(client_sizes, OUT, threads)) + "\n", flush=True)
     if "packing" in only:

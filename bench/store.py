@@ -1,23 +1,17 @@
-"""The token store at corpus scale: `tokenfeed build` throughput on 1 and 2 processes against the
-bare tokenizer, and a server's memory and step-lookup cost over a synthetic 300,000-chunk index.
+"""The token store at corpus scale: a server's memory and step-lookup cost over a synthetic
+300,000-chunk index. (How fast the store is built, against the bare tokenizer: section 2,
+bench/tokenization.py.)
 
-Build: the demo documents, replicated, in JSON Lines files; each repeat builds into an empty
-cache directory with `tokenfeed build --workers N` (a new process, as an operator runs it) and
-reads the build's own elapsed time (from the start of tokenizing to the last chunk stored,
-worker start-up included); the bare loop is `encode_batch_fast` over the same texts in the
-same batches, in this process. Sides alternate so noise falls on all of them.
-
-Index: a child process (a clean RSS) plans a job over 300,000 chunks of 128 MiB (32M tokens
-each: about 10 trillion tokens) in 37,500 objects of 1 GiB, with rows per chunk set as the
-build would, and looks up random steps at every order of magnitude across the first epochs.
-The index is what a server holds for such a corpus: chunk bodies are opened per batch.
+A child process (a clean RSS) plans a job over 300,000 chunks of 128 MiB (32M tokens each:
+about 10 trillion tokens) in 37,500 objects of 1 GiB, with rows per chunk set as the build
+would, and looks up random steps at every order of magnitude across the first epochs. The index
+is what a server holds for such a corpus: chunk bodies are opened per batch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -25,14 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from tokenfeed.server import democorpus
-from tokenfeed.server.tokenize import ENCODE_BATCH_DOCS
-from tokenizers import Tokenizer
 
 from bench.stats import median
 
-CHUNK_BYTES = "512KiB"
 INDEX_CHUNKS = 300_000
 CHUNKS_PER_OBJECT = 8
 TOKENS_PER_CHUNK = 32_000_000
@@ -42,70 +32,12 @@ MAGNITUDES = (0, 10**3, 10**4, 10**5, 10**6, 2 * 10**6, 10**7, 10**8)
 
 @dataclass(frozen=True)
 class StoreSizes:
-    copies: int
-    repeats: int
     lookups: int  # random steps per order of magnitude
 
 
 @dataclass
 class StoreResult:
-    docs: int
-    text_bytes: int
-    tokens: int
-    chunks: int
-    bare: list[float]
-    builds: dict[int, list[float]]  # processes -> seconds
     index: dict
-
-
-def _config(work: Path, corpus: Path, tokenizer: Path, cache: Path) -> Path:
-    config = {
-        "server": {"cache_dir": str(cache)},
-        "jobs": {
-            "build": {
-                "sources": [str(corpus / "*.jsonl")],
-                "tokenizer": str(tokenizer),
-                "seq_len": 2048,
-                "global_batch_size": 8,
-                "chunk_bytes": CHUNK_BYTES,
-            }
-        },
-    }
-    path = work / "tokenfeed.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def _bare(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
-    tok = Tokenizer.from_file(str(tokenizer))
-    start, tokens = time.perf_counter(), 0
-    for i in range(0, len(texts), ENCODE_BATCH_DOCS):
-        for e in tok.encode_batch_fast(texts[i : i + ENCODE_BATCH_DOCS], add_special_tokens=False):
-            tokens += len(e.ids)
-    return time.perf_counter() - start, tokens
-
-
-def _build(config: Path, cache: Path, workers: int) -> tuple[float, int]:
-    shutil.rmtree(cache, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "tokenfeed.server.cli",
-        "build",
-        "--config",
-        str(config),
-        "--workers",
-        str(workers),
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    found = re.search(
-        r"tokenized (\d+) chunks, 0 were already in the store; [\d.]+ MB in "
-        r"([\d.]+)s",
-        out,
-    )
-    if found is None:
-        raise RuntimeError(f"unexpected build output:\n{out}")
-    return float(found.group(2)), int(found.group(1))
 
 
 def _index(lookups: int) -> dict:
@@ -207,25 +139,5 @@ def index_child(lookups: int) -> None:
 
 
 def run(sizes: StoreSizes, out: Path) -> StoreResult:
-    _, tokenizer, _ = democorpus.prepare(out / "democorpus")
-    work = out / "store"
-    shutil.rmtree(work, ignore_errors=True)
-    corpus = work / "corpus"
-    corpus.mkdir(parents=True)
-    texts = democorpus.documents() * sizes.copies
-    half = len(texts) // 2
-    for k, part in enumerate((texts[:half], texts[half:])):
-        with open(corpus / f"part-{k}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in part)
-    cache = work / "cache"
-    config = _config(work, corpus, tokenizer, cache)
-    bare, builds, tokens, chunks = [], {1: [], 2: []}, 0, 0
-    for r in range(sizes.repeats):
-        order = (1, 2) if r % 2 == 0 else (2, 1)
-        seconds, tokens = _bare(tokenizer, texts)
-        bare.append(seconds)
-        for workers in order:
-            seconds, chunks = _build(config, cache, workers)
-            builds[workers].append(seconds)
-    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    return StoreResult(len(texts), text_bytes, tokens, chunks, bare, builds, _index(sizes.lookups))
+    democorpus.prepare(out / "democorpus")  # the index's job names the demo tokenizer
+    return StoreResult(_index(sizes.lookups))
