@@ -76,7 +76,7 @@ class TokenizationSizes:
     ray: bool = True
 
 
-QUICK = TokenizationSizes(copies=8, rounds=2, chunk_bytes="1MiB")
+QUICK = TokenizationSizes(copies=12, rounds=2, chunk_bytes="1MiB")
 FULL = TokenizationSizes(copies=40, rounds=5, chunk_bytes="4MiB")
 
 
