@@ -1,7 +1,8 @@
 """`tokenfeed build` on several processes: this one builds from the start and worker processes
 join as each is up; the store is the same bytes as one process's, and a worker's failure is the
-build's. A corpus this small gets one process by itself (`build.PROCESS_BYTES`), so the tests
-lower that threshold to make the workers start."""
+build's. A corpus this small, or a machine this small, gets one process by itself
+(`build.PROCESS_BYTES`, `build.CORES_PER_PROCESS`), so the tests lower those thresholds to make
+the workers start."""
 
 from __future__ import annotations
 
@@ -43,14 +44,17 @@ def run(tmp: Path, name: str, source: Path, workers: int, **spec) -> tuple[str, 
     return out.getvalue(), cache
 
 
-def test_processes_are_bounded_by_chunks_and_sources():
-    mib = 2**20
-    assert build.processes(8, 100, 1000 * build.PROCESS_BYTES) == 8
-    assert build.processes(8, 3, 1000 * build.PROCESS_BYTES) == 3
-    assert build.processes(8, 100, 2 * build.PROCESS_BYTES + mib) == 3
-    assert build.processes(8, 100, 10 * mib) == 1
-    assert build.processes(1, 100, 1000 * build.PROCESS_BYTES) == 1
-    assert build.processes(4, 0, 0) == 1
+def test_processes_are_bounded_by_chunks_sources_and_cores():
+    mib, plenty = 2**20, 1000 * build.PROCESS_BYTES
+    cores = 8 * build.CORES_PER_PROCESS
+    assert build.processes(8, 100, plenty, cores) == 8
+    assert build.processes(8, 3, plenty, cores) == 3
+    assert build.processes(8, 100, 2 * build.PROCESS_BYTES + mib, cores) == 3
+    assert build.processes(8, 100, 10 * mib, cores) == 1
+    assert build.processes(1, 100, plenty, cores) == 1
+    assert build.processes(4, 0, 0, cores) == 1
+    assert build.processes(8, 100, plenty, 3 * build.CORES_PER_PROCESS) == 3
+    assert build.processes(2, 100, plenty, build.CORES_PER_PROCESS) == 1
 
 
 def test_threads_and_worker_processes_write_the_bytes_one_thread_writes(
@@ -64,6 +68,7 @@ def test_threads_and_worker_processes_write_the_bytes_one_thread_writes(
     assert "with 1 of 3 process(es)" in alone, alone
     assert store_files(cache_alone) == store_files(cache_one)
     monkeypatch.setattr(build, "PROCESS_BYTES", 1)
+    monkeypatch.setattr(build, "available_cores", lambda: 3 * build.CORES_PER_PROCESS)
     shared, cache_shared = run(tmp_path, "shared", source, 3)
     first = next(line for line in shared.splitlines() if line.startswith("job main: "))
     total = int(first.split(": ")[1].split(" chunks")[0])
@@ -77,6 +82,7 @@ def test_a_bad_record_fails_the_build_with_its_location_whichever_process_reads_
 ):
     source = corpus(tmp_path / "corpus", texts, bad_line=len(texts) - 3)
     monkeypatch.setattr(build, "PROCESS_BYTES", 1)
+    monkeypatch.setattr(build, "available_cores", lambda: 3 * build.CORES_PER_PROCESS)
     with pytest.raises(BadRecordError) as failed:
         run(tmp_path, "strict", source, 3, bad_records="strict")
     assert f"part-1.jsonl:{len(texts) - 2}: malformed_json" in str(failed.value)

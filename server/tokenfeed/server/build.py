@@ -2,12 +2,13 @@
 
 The parent lists the sources and plans the chunks once, then tokenizes chunks in sample order
 itself, on every core, from the first moment; worker processes (up to `--workers` in all, one
-per core by default, but no more than there are chunks or PROCESS_BYTES of sources for) take
-chunks too as soon as each is up. Every one writes to the store: the local cache directory
-(`server.cache_dir`), and the shared store when `store.uri` is set (then bodies are published
-there and only manifests are kept locally). Within a process, a chunk's reading, parsing and
-writing overlap its tokenizing where the engine allows (chunkmaker.py); across processes, one
-process's serial parts overlap the others' tokenizing.
+per core by default, but no more than there are chunks, PROCESS_BYTES of sources or
+CORES_PER_PROCESS cores for: see `processes`) take chunks too as soon as each is up. Every one
+writes to the store: the local cache directory (`server.cache_dir`), and the shared store when
+`store.uri` is set (then bodies are published there and only manifests are kept locally).
+Within a process, a chunk's reading, parsing and writing overlap its tokenizing where the
+engine allows (chunkmaker.py); across processes, one process's serial parts overlap the
+others' tokenizing.
 
 A chunk's manifest is its commit point, so a build that is interrupted, even by kill -9,
 resumes by skipping every chunk whose manifest exists: only unfinished chunks are redone, and
@@ -20,6 +21,7 @@ import collections
 import concurrent.futures as cf
 import math
 import multiprocessing
+import os
 import queue
 import sys
 import threading
@@ -43,8 +45,13 @@ from tokenfeed.server.tokstore import TokenStore
 # Sources per worker process at least. A process costs about a second of a core to start
 # (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
 # the start, so another is worth starting only for work well beyond that: 128 MiB of text is
-# about a minute of a core with HF's engine, 15 s with tiktoken.
+# about a minute of a core with HF's engine, 20 s with tiktoken.
 PROCESS_BYTES = 128 * 2**20
+# Cores per process at least. Every process's tokenizer runs on all cores; another process pays
+# off where one cannot keep them busy (its GIL: parsing, and tiktoken's per-document calls).
+# On 2 cores a second process made a 47 MB build slower (tiktoken: 6.0-9.8 s against 4.9-8.4 s
+# alone, 4 rounds) and HF's no faster, so 2 cores get one.
+CORES_PER_PROCESS = 2
 
 
 # Chunks this process builds at once: while one is read or written (I/O, no GIL), the other
@@ -178,10 +185,17 @@ def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stde
     return sum(_build_job(config, name, workers, out) for name in names)
 
 
-def processes(workers: int, chunks: int, source_bytes: int) -> int:
-    """How many processes build `chunks` chunks of `source_bytes` in all: `workers` at most,
-    and no more than there are chunks or PROCESS_BYTES of sources for."""
-    return max(1, min(workers, chunks, math.ceil(source_bytes / PROCESS_BYTES)))
+def processes(workers: int, chunks: int, source_bytes: int, cores: int) -> int:
+    """How many processes build `chunks` chunks of `source_bytes` in all on `cores` cores:
+    `workers` at most, and no more than there are chunks, PROCESS_BYTES of sources or
+    CORES_PER_PROCESS cores for."""
+    most = min(chunks, math.ceil(source_bytes / PROCESS_BYTES), cores // CORES_PER_PROCESS)
+    return max(1, min(workers, most))
+
+
+def available_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _ready() -> None:
@@ -298,11 +312,13 @@ def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
     total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
     left = [(d, i) for d, i in todo if (d, i) not in before]
     left_bytes = sum(job.indexes[d].chunks[i].raw_bytes for d, i in left)
-    used = processes(workers, len(left), left_bytes)
+    cores = available_cores()
+    used = processes(workers, len(left), left_bytes, cores)
     how = f"{used} process(es)"
     if used < workers:
         how = (
-            f"{used} of {workers} process(es) (one per chunk and {PROCESS_BYTES >> 20} MiB at most)"
+            f"{used} of {workers} process(es) (one per chunk, {PROCESS_BYTES >> 20} MiB and "
+            f"{CORES_PER_PROCESS} of the {cores} cores at most)"
         )
     print(
         f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
