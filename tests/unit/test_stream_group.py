@@ -9,23 +9,22 @@ from tokenfeed.server.service import GROUP_TOKENS, STREAM_GROUP, stream_group
 
 
 @pytest.mark.parametrize(
-    ("stream_ahead", "rows", "seq_len", "expected"),
+    ("rows", "seq_len", "expected"),
     [
-        (8, 8, 2048, 4),  # 16 K tokens a batch: a full group
-        (8, 16, 4096, 2),  # 64 K: two fit in GROUP_TOKENS
-        (8, 32, 4096, 1),  # one [32, 4096] batch is the bound itself
-        (8, 64, 8192, 1),  # larger than the bound: one at a time, never zero
-        (2, 8, 2048, 2),  # never more than stream_ahead
-        (1, 1, 128, 1),
+        (8, 2048, 4),  # 16 K tokens a batch: a full group
+        (16, 4096, 2),  # 64 K: two fit in GROUP_TOKENS
+        (32, 4096, 1),  # one [32, 4096] batch is the bound itself
+        (64, 8192, 1),  # larger than the bound: one at a time, never zero
+        (1, 128, 4),
     ],
 )
-def test_groups_are_bounded_by_tokens_and_stream_ahead(stream_ahead, rows, seq_len, expected):
-    assert stream_group(stream_ahead, rows, seq_len) == expected
+def test_groups_are_bounded_by_tokens(rows, seq_len, expected):
+    assert stream_group(rows, seq_len) == expected
 
 
 def test_no_group_exceeds_the_token_bound_unless_one_batch_does():
     for rows in (1, 3, 8, 32, 100):
         for seq_len in (64, 1000, 2048, 4096, 32768):
-            n = stream_group(16, rows, seq_len)
+            n = stream_group(rows, seq_len)
             assert 1 <= n <= STREAM_GROUP
             assert n == 1 or n * rows * seq_len <= GROUP_TOKENS

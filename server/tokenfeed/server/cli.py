@@ -262,7 +262,8 @@ def _main(argv: list[str] | None) -> int:
         "--workers",
         type=int,
         default=0,
-        help="processes (default: one per core); with --ray and no ADDRESS, the local Ray's CPUs",
+        help="at most this many processes (default: one per core; fewer when the corpus or the "
+        "cores cannot keep more busy); with --ray and no ADDRESS, the local Ray's CPUs",
     )
     p.add_argument(
         "--ray",

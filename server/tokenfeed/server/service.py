@@ -21,18 +21,19 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from tokenfeed.server.index import DatasetIndex
 
-# Steps of a stream assembled in one pass (at most server.stream_ahead): small batches pay
-# their fixed costs once per group (bench/, wire section). A group holds at most
-# GROUP_TOKENS tokens, one [32, 4096] batch, so the event loop is never held for more than one
-# large batch's work: larger batches go one step at a time.
+# Steps of a stream assembled in one pass: small batches pay their fixed costs (planning,
+# numpy calls) once per group (bench/, wire section: at [8, 2048] a group of 4 costs 0.2 ms a
+# batch on the event loop, one step alone 0.47 ms). A group holds at most GROUP_TOKENS tokens,
+# one [32, 4096] batch, so the event loop is never held for more than one large batch's work
+# and a stalled stream holds at most that much in its group: larger batches go one at a time.
 STREAM_GROUP = 4
 GROUP_TOKENS = 32 * 4096
 
 
-def stream_group(stream_ahead: int, rows: int, seq_len: int) -> int:
-    """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP (and never more
-    than stream_ahead), while the group holds at most GROUP_TOKENS tokens; at least one."""
-    return max(1, min(stream_ahead, STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
+def stream_group(rows: int, seq_len: int) -> int:
+    """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP, while the group
+    holds at most GROUP_TOKENS tokens; at least one."""
+    return max(1, min(STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
 
 
 def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
@@ -183,13 +184,13 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     async def _ahead(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
         """The stream's batches, built while the ones before them are sent: at most
-        `stream_ahead` built and waiting, and a group of up to STREAM_GROUP being built (so a
-        reader that stalls holds fewer than twice `stream_ahead` batches, plus the one gRPC is
-        sending and its flow-control window). A group is assembled on the event loop in one
-        stretch, between awaits, and holds at most GROUP_TOKENS tokens (`stream_group`): other
-        streams wait at most one large batch's work (measured faster than threads, whose GIL
-        contention with the loop cost more than the overlap gained; groups of small batches
-        pay the per-call costs of assembly once: bench/, wire section)."""
+        `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
+        STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
+        reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
+        with its flow-control window. A group is assembled on the event loop in one stretch,
+        between awaits: other streams wait at most one large batch's work (measured faster
+        than threads, whose GIL contention with the loop cost more than the overlap gained;
+        groups of small batches pay the per-call costs of assembly once: bench/, wire)."""
         ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
         seq_len = job.spec.seq_len
 
@@ -203,7 +204,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     size = job.schedule.batch_size(first)
                     steps, most = (
                         [first],
-                        stream_group(self.stream_ahead, size // world_size, seq_len),
+                        stream_group(size // world_size, seq_len),
                     )
                     if job.state != READY:
                         most = 1
