@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: env
-	$(PY) -m tokenfeed.server.demo
+	$(PY) -m tokenfeed.server.commands.demo
 
 # External tools for the deploy tests (promtool, docker compose, chromium) into .tools/.
 tools:

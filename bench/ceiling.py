@@ -23,8 +23,8 @@ import grpc
 import numpy as np
 import uvloop
 from tokenfeed.client import wire
-from tokenfeed.server.front import GRPC_OPTIONS
-from tokenfeed.server.packing import TENSOR_NAMES
+from tokenfeed.server.pack.packing import TENSOR_NAMES
+from tokenfeed.server.serve.front import GRPC_OPTIONS
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 

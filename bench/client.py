@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 from tokenfeed.client import Batch, Client
 from tokenfeed.client.wire import TENSOR_NAMES
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 from bench.procs import ServerProcess

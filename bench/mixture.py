@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from fractions import Fraction
 
-from tokenfeed.server.mixture import Phase, Schedule
+from tokenfeed.server.sampling.mixture import Phase, Schedule
 
 from bench.table import number, render
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import yaml
 import zstandard
 from tokenfeed.client import Client
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.procs import ROOT, ServerProcess, Stopped
 from bench.serving import GLOBAL_BATCH, SEQ_LEN

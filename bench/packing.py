@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from tokenfeed.server import bestfit, packing
+from tokenfeed.server.pack import bestfit, packing
 
 from bench.stats import median
 

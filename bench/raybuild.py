@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.stats import median, paired_ratio
 from bench.table import number, render
@@ -151,7 +151,15 @@ def build(config: Path, args: list[str], env: dict) -> tuple[float, float, int, 
     work = config.parent
     shutil.rmtree(work / "cache", ignore_errors=True)
     shutil.rmtree(work / "store", ignore_errors=True)
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(config), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.commands.cli",
+        "build",
+        "--config",
+        str(config),
+        *args,
+    ]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started

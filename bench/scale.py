@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from tokenfeed.client import Client
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.procs import ServerProcess
 from bench.stats import median, percentile
@@ -66,13 +66,13 @@ def _config(work: Path, corpus: Path, tokenizer: Path) -> dict:
 
 
 async def _serve(work: Path, ready_file: str) -> None:
-    from tokenfeed.server import config as configmod
-    from tokenfeed.server.app import build_jobs, write_ready
-    from tokenfeed.server.chunks import Chunk
-    from tokenfeed.server.front import Front
-    from tokenfeed.server.index import READY
-    from tokenfeed.server.order import permute, round_keys
-    from tokenfeed.server.storage import ObjectInfo
+    from tokenfeed.server.indexing.index import READY
+    from tokenfeed.server.objstore.storage import ObjectInfo
+    from tokenfeed.server.sampling.order import permute, round_keys
+    from tokenfeed.server.serve.app import build_jobs, write_ready
+    from tokenfeed.server.serve.front import Front
+    from tokenfeed.server.settings import config as configmod
+    from tokenfeed.server.source.chunks import Chunk
 
     corpus, tokenizer, _ = democorpus.prepare(work.parent / "democorpus")
     config = configmod.from_dict(_config(work, corpus, tokenizer))

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tokenfeed.server import config as configmod
-from tokenfeed.server import democorpus
-from tokenfeed.server.app import build_jobs
+from tokenfeed.server.commands import democorpus
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 
 from bench.table import render
 

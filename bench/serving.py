@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 from tokenfeed.client import Client
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.procs import ServerProcess, Stopped
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from unittest import mock
 
 import yaml
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.objstore import CREDENTIALS, from_tests
 
@@ -135,7 +135,7 @@ def build(config: Path, cache: Path, workers: int) -> tuple[float, int]:
     cmd = [
         sys.executable,
         "-m",
-        "tokenfeed.server.cli",
+        "tokenfeed.server.commands.cli",
         "build",
         "--config",
         str(config),

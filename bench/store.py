@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.stats import median
 
@@ -61,11 +61,11 @@ def _status_mb(field: str) -> float:
 def index_child(lookups: int) -> None:
     """In a fresh process: a 300k-chunk index, random step lookups; prints JSON figures."""
     import numpy as np
-    from tokenfeed.server import config as configmod
-    from tokenfeed.server.app import build_jobs
-    from tokenfeed.server.chunks import Chunk
-    from tokenfeed.server.index import READY
-    from tokenfeed.server.storage import ObjectInfo
+    from tokenfeed.server.indexing.index import READY
+    from tokenfeed.server.objstore.storage import ObjectInfo
+    from tokenfeed.server.serve.app import build_jobs
+    from tokenfeed.server.settings import config as configmod
+    from tokenfeed.server.source.chunks import Chunk
 
     base = _status_mb("VmRSS")
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenfeed-bench-index-{os.getpid()}"

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from tokenfeed.server import config as configmod
-from tokenfeed.server import democorpus
-from tokenfeed.server.app import build_jobs
-from tokenfeed.server.tokenize import ENCODE_BATCH_DOCS
+from tokenfeed.server.commands import democorpus
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
+from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS
 from tokenizers import Tokenizer
 
 from bench import raybuild
@@ -146,7 +146,7 @@ def bare_hf(tokenizer: Path, texts: list[str]) -> float:
 def fast_engine(tokenizer: Path):
     """(fasttok's engine for the tokenizer, None) or (None, why there is none)."""
     try:
-        from tokenfeed.server import fasttok
+        from tokenfeed.server.tokenizer import fasttok
     except ImportError:
         return None, "no fasttok.py"
     tok = Tokenizer.from_file(str(tokenizer))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from tokenfeed.client import Client
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
@@ -149,7 +149,7 @@ def consumers(
 
 
 def serve(work: Path, name: str, config: Path, env: dict | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(config)]
+    argv = [sys.executable, "-m", "tokenfeed.server.commands.cli", "serve", "--config", str(config)]
     proc = ServerProcess(name, argv, work)
     if env is not None:
         proc.env = env

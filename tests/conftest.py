@@ -10,7 +10,7 @@ import pytest
 import zstandard
 from s3env import fault_proxy, faults, moto_server, s3_bucket  # noqa: F401
 from support import ServerProcess, job_spec, write_config, write_jsonl
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 
 @pytest.fixture(scope="session")

@@ -59,7 +59,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "tokenfeed.server.cli",
+            "tokenfeed.server.commands.cli",
             "serve",
             "--config",
             str(config),

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 from support import TOKENIZER, job_spec, write_jsonl
-from tokenfeed.server import config as configmod
-from tokenfeed.server.app import build_jobs
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 from tokenizers import Tokenizer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

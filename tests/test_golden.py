@@ -16,8 +16,8 @@ from pathlib import Path
 
 from support import DATA, TOKENIZER, ServerProcess, job_spec, write_config
 from tokenfeed.client import wire
-from tokenfeed.server import config as configmod
-from tokenfeed.server.app import build_jobs
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 
 GOLDEN = DATA / "golden" / "expected.json"
 FULL_STEPS = (0, 5)

@@ -2,8 +2,8 @@
 
 Runs in the tokenfeed server image, which has boto3 and the demo corpus builder: makes the
 corpus `make demo` uses (Python's own documentation as JSONL, JSONL.zst, JSONL.gz and Parquet,
-`tokenfeed.server.democorpus`) and a byte-level BPE tokenizer trained on it, creates the bucket
-if it is missing and uploads
+`tokenfeed.server.commands.democorpus`) and a byte-level BPE tokenizer trained on it, creates
+the bucket if it is missing and uploads
 
     s3://BUCKET/corpus/docs-000.jsonl ... docs-003.parquet
     s3://BUCKET/tokenizer.json
@@ -23,7 +23,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 
 def ensure_bucket(s3, bucket: str) -> None:

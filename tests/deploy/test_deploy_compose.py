@@ -18,7 +18,7 @@ from deploy_support import (
     compose_config,
     parse_dockerfile,
 )
-from tokenfeed.server import config as configmod
+from tokenfeed.server.settings import config as configmod
 
 SERVICES = {"minio", "seed", "tokenfeed", "prometheus", "grafana"}
 

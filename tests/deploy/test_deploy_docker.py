@@ -122,7 +122,7 @@ def test_dockerignore_keeps_the_rest_out():
         "pyproject.toml",
         "README.md",
         "constraints.txt",
-        "server/tokenfeed/server/app.py",
+        "server/tokenfeed/server/serve/app.py",
         "client/tokenfeed/client/__init__.py",
         "client/tokenfeed/v1/tokenfeed_pb2.py",
         "client/pyproject.toml",

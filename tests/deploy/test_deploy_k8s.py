@@ -29,7 +29,7 @@ from deploy_support import (
     run,
     tool,
 )
-from tokenfeed.server import config as configmod
+from tokenfeed.server.settings import config as configmod
 
 # 1.29: native sidecars (initContainers with restartPolicy: Always) on by default; gRPC probes
 # are GA since 1.27. The newest: whatever kubernetes-validate knows.

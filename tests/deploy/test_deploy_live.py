@@ -38,7 +38,7 @@ from deploy_support import (
     tool,
 )
 from tokenfeed.client import Client
-from tokenfeed.server import config as configmod
+from tokenfeed.server.settings import config as configmod
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "tokenfeed",
@@ -142,7 +142,7 @@ def server(tmp_path_factory, s3, seeded):
         [
             sys.executable,
             "-m",
-            "tokenfeed.server.cli",
+            "tokenfeed.server.commands.cli",
             "serve",
             "--config",
             config,

@@ -33,7 +33,15 @@ def config(tmp: Path, corpus: Path, name: str, **server) -> Path:
 
 
 def build(cfg: Path, *extra: str, **kw) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(cfg), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.commands.cli",
+        "build",
+        "--config",
+        str(cfg),
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from support import job_spec, write_config
-from tokenfeed.server import build
-from tokenfeed.server import config as configmod
 from tokenfeed.server.errors import BadRecordError
+from tokenfeed.server.indexing import build
+from tokenfeed.server.settings import config as configmod
 
 
 def corpus(root: Path, texts: list[str], bad_line: int | None = None) -> Path:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 from support import ServerProcess, job_spec, metric, scrape, write_config
-from tokenfeed.server import config as configmod
-from tokenfeed.server.app import build_jobs
-from tokenfeed.server.eviction import next_use
+from tokenfeed.server.diskcache.eviction import next_use
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 
 
 @pytest.fixture(scope="module")

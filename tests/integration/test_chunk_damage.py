@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from support import TOKENIZER
-from tokenfeed.server import config as configmod
-from tokenfeed.server.app import build_jobs
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 
 
 def _job(cache, corpus, packing: str):

@@ -12,12 +12,12 @@ import sys
 
 from s3env import s3_client
 from support import TOKENIZER, ServerProcess, job_spec, write_config, write_jsonl
-from tokenfeed.server import democorpus
+from tokenfeed.server.commands import democorpus
 
 
 def tokenfeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        [sys.executable, "-m", "tokenfeed.server.commands.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -69,7 +69,7 @@ def test_a_slow_local_inspect_prints_progress_lines(tmp_path, corpus, faults, s3
         [
             sys.executable,
             "-m",
-            "tokenfeed.server.cli",
+            "tokenfeed.server.commands.cli",
             "inspect",
             "--config",
             str(cfg),
@@ -187,7 +187,15 @@ def test_json_logs_locate_each_skipped_record(tmp_path):
 
 def test_demo_runs_end_to_end(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "tokenfeed.server.demo", "--out", str(tmp_path), "--steps", "30"],
+        [
+            sys.executable,
+            "-m",
+            "tokenfeed.server.commands.demo",
+            "--out",
+            str(tmp_path),
+            "--steps",
+            "30",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -214,7 +222,7 @@ def test_version():
 def with_stdout_closed(*args: str) -> tuple[int, str]:
     """The command run with nobody reading its output: the pipe is closed before it writes."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        [sys.executable, "-m", "tokenfeed.server.commands.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -240,7 +248,7 @@ def test_output_cut_short_ends_quietly(server):
         assert code == 128 + signal.SIGPIPE, (name, code, err)
         assert "Traceback" not in err and "Broken" not in err and "ignored" not in err, err
     head = subprocess.run(
-        [sys.executable, "-m", "tokenfeed.server.cli", *commands["explain"]],
+        [sys.executable, "-m", "tokenfeed.server.commands.cli", *commands["explain"]],
         capture_output=True,
         text=True,
         timeout=120,

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support import TOKENIZER, ServerProcess, job_spec, write_config, write_jsonl
-from tokenfeed.server.mixture import Phase, Schedule
+from tokenfeed.server.sampling.mixture import Phase, Schedule
 from tokenizers import Tokenizer
 
 SEQ_LEN, BATCH = 128, 8

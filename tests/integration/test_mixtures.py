@@ -132,7 +132,7 @@ def test_explain_command_prints_each_rows_sources(mixed):
     cmd = [
         sys.executable,
         "-m",
-        "tokenfeed.server.cli",
+        "tokenfeed.server.commands.cli",
         "explain",
         "--target",
         mixed.address,

@@ -129,7 +129,15 @@ def config(tmp: Path, sources: list, name: str, endpoint: str, store: str | None
 
 
 def build(cfg: Path, *extra: str, **kw) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(cfg), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenfeed.server.commands.cli",
+        "build",
+        "--config",
+        str(cfg),
+        *extra,
+    ]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, **kw
     )
@@ -322,7 +330,8 @@ def test_ray_build_without_a_shared_store_is_refused(tmp_path, big_corpus, moto_
 
 def test_the_server_never_imports_ray():
     code = (
-        "import sys, tokenfeed.server.app, tokenfeed.server.build, tokenfeed.server.cli; "
+        "import sys, tokenfeed.server.serve.app, tokenfeed.server.indexing.build, "
+        "tokenfeed.server.commands.cli; "
         "sys.exit('ray' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], env=ENV).returncode == 0

@@ -12,10 +12,10 @@ import pytest
 from s3env import s3_client
 from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_config, write_jsonl
 from tokenfeed.client import wire
-from tokenfeed.server import config as configmod
-from tokenfeed.server.app import build_jobs
 from tokenfeed.server.errors import NotBuiltError
-from tokenfeed.server.index import READY
+from tokenfeed.server.indexing.index import READY
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 

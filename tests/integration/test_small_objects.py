@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from s3env import s3_client
 from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_config
-from tokenfeed.server.chunks import plan_chunks
-from tokenfeed.server.config import SourceSpec
-from tokenfeed.server.storage import LocalStore
+from tokenfeed.server.objstore.storage import LocalStore
+from tokenfeed.server.settings.config import SourceSpec
+from tokenfeed.server.source.chunks import plan_chunks
 from tokenizers import Tokenizer
 
 FILES, PER_FILE = 200, 2

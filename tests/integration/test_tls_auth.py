@@ -470,7 +470,7 @@ def test_a_missing_certificate_fails_the_start_naming_key_and_path(tmp_path, cor
         tmp_path / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp_path / "cache", tls=tls
     )
     out = subprocess.run(
-        [sys.executable, "-m", "tokenfeed.server.cli", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "tokenfeed.server.commands.cli", "serve", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -485,7 +485,7 @@ def test_a_missing_certificate_fails_the_start_naming_key_and_path(tmp_path, cor
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tokenfeed.server.cli", *args],
+        [sys.executable, "-m", "tokenfeed.server.commands.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 from support import TOKENIZER, job_spec, write_config, write_jsonl
-from tokenfeed.server import config as configmod
-from tokenfeed.server import democorpus
-from tokenfeed.server.app import build_jobs
-from tokenfeed.server.tokenize import PARITY_DOCS
+from tokenfeed.server.commands import democorpus
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
+from tokenfeed.server.tokenizer.tokenize import PARITY_DOCS
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def config(tmp: Path, corpus: Path, backend: str) -> Path:
 
 
 def cli_build(cfg: Path) -> str:
-    cmd = [sys.executable, "-m", "tokenfeed.server.cli", "build", "--config", str(cfg)]
+    cmd = [sys.executable, "-m", "tokenfeed.server.commands.cli", "build", "--config", str(cfg)]
     done = subprocess.run(
         [*cmd, "--workers", "2"], capture_output=True, text=True, timeout=300, check=False
     )

@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tokenfeed.client._credentials import Credentials, TokenSource
-from tokenfeed.server import auth
-from tokenfeed.server.config import AuthSpec, TlsSpec, from_dict
 from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.serve import auth
+from tokenfeed.server.settings.config import AuthSpec, TlsSpec, from_dict
 
 JOB = {"sources": ["data/*.jsonl"], "tokenizer": "tok.json", "seq_len": 8, "global_batch_size": 2}
 

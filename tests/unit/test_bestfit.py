@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.bestfit import (
+from tokenfeed.server.pack.bestfit import (
     BESTFIT_TENSOR_NAMES,
     bestfit_layout,
     bestfit_rows,
     bestfit_rows_at,
     padding_fraction,
 )
-from tokenfeed.server.packing import TENSOR_NAMES
+from tokenfeed.server.pack.packing import TENSOR_NAMES
 
 PAD, BOS, EOS = 0, 1, 2
 chunks = st.lists(st.integers(0, 60), max_size=14)

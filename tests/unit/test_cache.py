@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.blockfiles import BlockFiles
-from tokenfeed.server.cache import DiskCache, Kind
+from tokenfeed.server.diskcache.cache import DiskCache, Kind
 from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
-from tokenfeed.server.tokstore import TokenStore
+from tokenfeed.server.objstore.blockfiles import BlockFiles
+from tokenfeed.server.store.tokstore import TokenStore
 
 
 def files_bytes(root: Path) -> int:

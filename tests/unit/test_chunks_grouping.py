@@ -22,15 +22,15 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server import pretokenized
-from tokenfeed.server.chunkfiles import PartStart, Provenance, parse_manifest
-from tokenfeed.server.chunks import Chunk, plan_chunks
-from tokenfeed.server.config import SourceSpec, from_dict
 from tokenfeed.server.errors import SourceChangedError, StoreCorruptError
-from tokenfeed.server.index import DatasetIndex
-from tokenfeed.server.readers import locate_record, read_documents
-from tokenfeed.server.storage import LocalStore, ObjectInfo, Storage
-from tokenfeed.server.tokstore import TokenStore
+from tokenfeed.server.indexing.index import DatasetIndex
+from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo, Storage
+from tokenfeed.server.settings.config import SourceSpec, from_dict
+from tokenfeed.server.source import pretokenized
+from tokenfeed.server.source.chunks import Chunk, plan_chunks
+from tokenfeed.server.source.readers import locate_record, read_documents
+from tokenfeed.server.store.chunkfiles import PartStart, Provenance, parse_manifest
+from tokenfeed.server.store.tokstore import TokenStore
 
 SPEC = SourceSpec("/corpus/*")
 TOKENS = SimpleNamespace(vocab_size=1024, dtype=np.dtype(np.uint16), eos_id=0)
@@ -629,14 +629,14 @@ def test_a_small_chunk_bytes_is_allowed_with_a_warning_of_its_cost(caplog):
         }
         return from_dict(raw)
 
-    with caplog.at_level(logging.WARNING, "tokenfeed.server.config"):
+    with caplog.at_level(logging.WARNING, "tokenfeed.server.settings.config"):
         assert load(chunk_bytes="1KiB").jobs[0].datasets[0].chunk_bytes == 1024
     assert [r.getMessage() for r in caplog.records] == [
         "jobs.j.chunk_bytes: chunk_bytes 1024 is under 1 MiB: each chunk costs 4 store files, a "
         "manifest and at least one GET; expect slow builds and a large store"
     ]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, "tokenfeed.server.config"):
+    with caplog.at_level(logging.WARNING, "tokenfeed.server.settings.config"):
         load(chunk_bytes="1MiB")
         load()
     assert caplog.records == []

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tokenfeed.server.config import (
+from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings.config import (
     Config,
     DatasetSpec,
     JobSpec,
@@ -20,8 +21,7 @@ from tokenfeed.server.config import (
     from_dict,
     load,
 )
-from tokenfeed.server.configread import parse_size
-from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings.configread import parse_size
 
 YAML = """\
 server:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tokenfeed.server.config import from_dict, load
-from tokenfeed.server.configparse import FILE
-from tokenfeed.server.configread import Items, Keys, Named, Node, join
 from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings.config import from_dict, load
+from tokenfeed.server.settings.configparse import FILE
+from tokenfeed.server.settings.configread import Items, Keys, Named, Node, join
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from tokenfeed.server.config import from_dict
 from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings.config import from_dict
 
 
 def job(**extra) -> dict:

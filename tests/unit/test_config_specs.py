@@ -8,7 +8,8 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
-from tokenfeed.server.config import (
+from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings.config import (
     AuthSpec,
     Config,
     DatasetSpec,
@@ -22,7 +23,6 @@ from tokenfeed.server.config import (
     TlsSpec,
     TokenizerSpec,
 )
-from tokenfeed.server.errors import ConfigError
 
 SOURCE = SourceSpec("/d/*.jsonl")
 TOKENIZER = TokenizerSpec("/t.json")

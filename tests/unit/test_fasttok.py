@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import tiktoken
 from support import TOKENIZER
-from tokenfeed.server import democorpus, fasttok
-from tokenfeed.server.config import TokenizerSpec
+from tokenfeed.server.commands import democorpus
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.tokenize import PARITY_DOCS, TextTokenizer
+from tokenfeed.server.settings.config import TokenizerSpec
+from tokenfeed.server.tokenizer import fasttok
+from tokenfeed.server.tokenizer.tokenize import PARITY_DOCS, TextTokenizer
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3_PATTERN = (
@@ -204,7 +205,7 @@ def test_ineligible_tokenizers_fall_back_in_auto_and_are_refused_under_tiktoken(
 ):
     path = make(tmp_path)
     texts = ["The foxes!  Ünïcode <|endoftext|> 12345", "the fox"]
-    with caplog.at_level(logging.INFO, logger="tokenfeed.server.tokenize.engine"):
+    with caplog.at_level(logging.INFO, logger="tokenfeed.server.tokenizer.tokenize.engine"):
         tok = load(path, "auto")
     assert tok.engine == "hf" and why in tok.engine_reason
     assert "tokenizer engine hf: tiktoken is not exact for it: " in caplog.text
@@ -304,7 +305,7 @@ def test_a_difference_on_the_jobs_documents_switches_to_hf_for_good(llama3, docs
 
     tok = load(llama3, "auto", fast=wrong)
     assert tok.engine == "tiktoken"  # the built-in sample agrees
-    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenize.engine"):
+    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenizer.tokenize.engine"):
         tokens, lengths = tok.encode(job_docs)
     assert split(tokens, lengths) == hf_ids(llama3, job_docs)  # HF's ids are kept
     assert tok.engine == "hf" and "differed from HF on a document of the job" in tok.engine_reason

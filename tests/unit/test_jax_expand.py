@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 from tokenfeed.client.wire import TENSOR_NAMES, compact_from_starts, compact_from_tensors, expand
-from tokenfeed.server import bestfit, packing
+from tokenfeed.server.pack import bestfit, packing
 
 CHILD = r"""
 import sys

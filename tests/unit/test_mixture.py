@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.mixture import (
+from tokenfeed.server.sampling.mixture import (
     MAX_PERIOD,
     Phase,
     Schedule,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.order import (
+from tokenfeed.server.sampling.order import (
     ROUNDS,
     document_order,
     epoch_layout,

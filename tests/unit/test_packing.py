@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.packing import TENSOR_NAMES, concat_rows_at, concat_stream, concat_units
+from tokenfeed.server.pack.packing import TENSOR_NAMES, concat_rows_at, concat_stream, concat_units
 
 BOS, EOS = 1, 2
 

@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server import pretokenized
-from tokenfeed.server.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks, source_kind
-from tokenfeed.server.config import SourceSpec, from_dict
 from tokenfeed.server.errors import ConfigError, SourceError
-from tokenfeed.server.storage import LocalStore, ObjectInfo, Storage
-from tokenfeed.server.tokstore import TokenStore
+from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo, Storage
+from tokenfeed.server.settings.config import SourceSpec, from_dict
+from tokenfeed.server.source import pretokenized
+from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks, source_kind
+from tokenfeed.server.store.tokstore import TokenStore
 
 EOS = 0
 SMALL = SimpleNamespace(vocab_size=1024, dtype=np.dtype(np.uint16), eos_id=EOS)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from tokenfeed.server import progress as progress_mod
-from tokenfeed.server.progress import RANK_EXPIRY_SECONDS, Progress
+from tokenfeed.server.jobs import progress as progress_mod
+from tokenfeed.server.jobs.progress import RANK_EXPIRY_SECONDS, Progress
 
 
 def test_furthest_is_the_active_ranks_maximum_under_any_sequence():

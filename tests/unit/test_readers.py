@@ -14,11 +14,11 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.chunks import Chunk, plan_chunks
-from tokenfeed.server.config import SourceSpec
 from tokenfeed.server.errors import SourceChangedError, SourceError
-from tokenfeed.server.readers import read_documents
-from tokenfeed.server.storage import LocalStore, ObjectInfo
+from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo
+from tokenfeed.server.settings.config import SourceSpec
+from tokenfeed.server.source.chunks import Chunk, plan_chunks
+from tokenfeed.server.source.readers import read_documents
 
 # One line per bad-record reason, as a producer's bug might write it.
 BAD_LINES = {

@@ -5,7 +5,7 @@ so another stream never waits longer than that."""
 from __future__ import annotations
 
 import pytest
-from tokenfeed.server.service import GROUP_TOKENS, STREAM_GROUP, stream_group
+from tokenfeed.server.serve.service import GROUP_TOKENS, STREAM_GROUP, stream_group
 
 
 @pytest.mark.parametrize(

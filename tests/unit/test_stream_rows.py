@@ -14,7 +14,8 @@ from collections import Counter
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server import order, packing
+from tokenfeed.server.pack import packing
+from tokenfeed.server.sampling import order
 
 BOS, EOS = 1, 2
 SEED, NAME = 77, "ds"

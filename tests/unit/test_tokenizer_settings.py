@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import TOKENIZER
-from tokenfeed.server.config import TokenizerSpec
-from tokenfeed.server.tokenize import TextTokenizer
+from tokenfeed.server.settings.config import TokenizerSpec
+from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
 MAX_LEN = 16
@@ -73,7 +73,7 @@ def test_the_file_really_truncates_pads_and_adds_specials(wordpiece):
 
 
 def test_documents_are_encoded_whole_without_pad_or_specials(wordpiece, caplog):
-    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenizer.tokenize"):
         tok = TextTokenizer(TokenizerSpec(path=str(wordpiece)))
     tokens, lengths = tok.encode(DOCS)
 
@@ -86,7 +86,7 @@ def test_documents_are_encoded_whole_without_pad_or_specials(wordpiece, caplog):
     assert tok.eos_id == vocab["[EOS]"]
 
     assert tok.ignored_settings == (f"truncation max_length={MAX_LEN}", f"padding length={MAX_LEN}")
-    (record,) = [r for r in caplog.records if r.name == "tokenfeed.server.tokenize"]
+    (record,) = [r for r in caplog.records if r.name == "tokenfeed.server.tokenizer.tokenize"]
     assert record.levelno == logging.WARNING
     assert "truncation max_length=16 and padding length=16" in record.getMessage()
     assert "ignores both" in record.getMessage()
@@ -109,7 +109,7 @@ def test_batch_longest_padding_to_a_multiple_is_ignored_too(tmp_path, caplog):
     raw.no_truncation()
     raw.enable_padding(pad_to_multiple_of=8, pad_token="[PAD]", pad_id=0)
     raw.save(str(path))
-    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="tokenfeed.server.tokenizer.tokenize"):
         tok = TextTokenizer(TokenizerSpec(path=str(path)))
     assert tok.ignored_settings == ("padding pad_to_multiple_of=8",)
     assert "ignores it" in caplog.text
@@ -120,10 +120,10 @@ def test_batch_longest_padding_to_a_multiple_is_ignored_too(tmp_path, caplog):
 
 def test_a_tokenizer_without_these_settings_logs_nothing(caplog):
     assert json.loads(TOKENIZER.read_text())["model"]["type"] == "BPE"
-    with caplog.at_level(logging.DEBUG, logger="tokenfeed.server.tokenize"):
+    with caplog.at_level(logging.DEBUG, logger="tokenfeed.server.tokenizer.tokenize"):
         tok = TextTokenizer(TokenizerSpec(path=str(TOKENIZER)))
     assert tok.ignored_settings == ()
-    assert not [r for r in caplog.records if r.name == "tokenfeed.server.tokenize"]
+    assert not [r for r in caplog.records if r.name == "tokenfeed.server.tokenizer.tokenize"]
     docs = ["hello world", "a much longer document " * 50]
     _, lengths = tok.encode(docs)
     assert np.array_equal(lengths, [len(ids) for ids in oracle(TOKENIZER, docs)])

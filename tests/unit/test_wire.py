@@ -31,7 +31,7 @@ from tokenfeed.client.wire import (
     fingerprint,
     token_dtype,
 )
-from tokenfeed.server import bestfit, packing
+from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 BOS, EOS, PAD = 1, 2, 2

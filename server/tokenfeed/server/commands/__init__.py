@@ -1,0 +1,1 @@
+"""The command line: serve, build, inspect, explain, describe; make demo."""

@@ -1,0 +1,1 @@
+"""Building the token store: a dataset's chunks planned, made and counted; the offline builds."""

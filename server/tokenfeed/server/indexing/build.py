@@ -1,0 +1,369 @@
+"""`tokenfeed build`: tokenize a config's jobs into the token store offline, on every core.
+
+The parent lists the sources and plans the chunks once, then tokenizes chunks in sample order
+itself, on every core, from the first moment; worker processes (up to `--workers` in all, one
+per core by default, but no more than there are chunks, PROCESS_BYTES of sources or
+CORES_PER_PROCESS cores for: see `processes`) take chunks too as soon as each is up. Every one
+writes to the store: the local cache directory (`server.cache_dir`), and the shared store when
+`store.uri` is set (then bodies are published there and only manifests are kept locally).
+Within a process, a chunk's reading, parsing and writing overlap its tokenizing where the
+engine allows (chunkmaker.py); across processes, one process's serial parts overlap the
+others' tokenizing.
+
+A chunk's manifest is its commit point, so a build that is interrupted, even by kill -9,
+resumes by skipping every chunk whose manifest exists: only unfinished chunks are redone, and
+the store ends byte-identical to an uninterrupted build's.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from tokenfeed.server.diskcache.cache import DiskCache
+from tokenfeed.server.diskcache.diskfiles import lock_directory
+from tokenfeed.server.errors import JobFailedError
+from tokenfeed.server.indexing.index import DatasetIndex
+from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.objstore.storage import Storage
+from tokenfeed.server.settings.config import Config
+from tokenfeed.server.source.chunks import Chunk
+from tokenfeed.server.store.chunkfiles import ChunkIndex
+from tokenfeed.server.store.sharedstore import SharedStore
+from tokenfeed.server.store.tokstore import TokenStore
+
+# Sources per worker process at least. A process costs about a second of a core to start
+# (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
+# the start, so another is worth starting only for work well beyond that: 128 MiB of text is
+# about a minute of a core with HF's engine, 20 s with tiktoken.
+PROCESS_BYTES = 128 * 2**20
+# Cores per process at least. Every process's tokenizer runs on all cores; another process pays
+# off where one cannot keep them busy (its GIL: parsing, and tiktoken's per-document calls).
+# On 2 cores a second process made a 47 MB build slower (tiktoken: 6.0-9.8 s against 4.9-8.4 s
+# alone, 4 rounds) and HF's no faster, so 2 cores get one.
+CORES_PER_PROCESS = 2
+
+
+# Chunks this process builds at once: while one is read or written (I/O, no GIL), the other
+# tokenizes; as in a server's `tokenize` pool (server.tokenize_threads, default 2).
+LOCAL_THREADS = 2
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a worker reports for one chunk."""
+
+    dataset: int
+    chunk: int
+    entry: ChunkIndex
+    units: int  # in the dataset's stream (index.py)
+    raw_bytes: int
+    tokenized: bool  # False: it was already in the store
+
+
+def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job:
+    # An unbounded cache over the cache directory: the build's output is the whole store.
+    if scan:  # the parent owns the directory; its worker processes write into it
+        lock_directory(Path(config.server.cache_dir), "tokenfeed build")
+    cache = DiskCache(config.server.cache_dir, 2**62)
+    storage = Storage(config.object_store, None)
+    shared = SharedStore(config.store, storage) if config.store.uri else None
+    job = Job(config.job(name), TokenStore(cache.root, cache, scan), storage, shared)
+    if job.state == "failed":  # a one-shot command wants the error, not a retry
+        raise JobFailedError(job.error)
+    job.load_tokenizer()
+    for idx in job.indexes:
+        idx.keep_bodies = keep_bodies
+    return job
+
+
+_worker: Job | None = None
+
+
+def _init_worker(config: Config, name: str, keep: bool) -> None:
+    global _worker
+    _worker = _job(config, name, keep, scan=False)  # the parent scanned (and cleaned) first
+
+
+def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
+    """In a worker process."""
+    if _worker is None:
+        raise RuntimeError("a build worker process was started without _init_worker")
+    return build_chunk(_worker, d, i, chunk)
+
+
+def chunk_builder(config: Config, name: str) -> Job:
+    """A job that builds chunks another process planned (`build_chunk`): a `tokenfeed build`
+    worker process, or a Ray task (raybuild.py). It keeps only manifests locally when the
+    config has a shared store, and leaves the local store's scan to the planner."""
+    return _job(config, name, not config.store.uri, scan=False)
+
+
+def planned_job(config: Config, name: str) -> Job:
+    """The job with every dataset's sources listed and its chunks planned (and, with a shared
+    store, its inputs checked against the store's): what the builders are handed."""
+    job = _job(config, name, not config.store.uri)
+    for idx in job.indexes:
+        idx.plan()
+    return job
+
+
+def build_chunk(job: Job, d: int, i: int, chunk: Chunk) -> Done:
+    """Chunk i of dataset d, planned elsewhere, into `job`'s store (and published to the shared
+    store): read from the store when it is there already, else tokenized. Its tokens depend on
+    the chunk alone (its key is its content address), so it is indexed as a one-chunk plan."""
+    return _build_in(job.indexes[d], d, i, chunk)
+
+
+def _build_in(idx: DatasetIndex, d: int, i: int, chunk: Chunk) -> Done:
+    idx.adopt([chunk])
+    key = idx.keys[0]
+    had = idx.store.get_index(key) is not None or (
+        idx.shared is not None and idx.shared.manifest(key) is not None
+    )
+    entry, units = idx.index_chunk(0)
+    return Done(d, i, entry, units, chunk.raw_bytes, not had)
+
+
+class Progress:
+    """One line: chunks, documents, tokens, MB/s of source, ETA; redrawn in place on a TTY."""
+
+    def __init__(self, out: TextIO, total_chunks: int, total_bytes: int, interval=1.0):
+        self.out, self.interval = out, interval
+        self.total_chunks, self.total_bytes = total_chunks, total_bytes
+        self.chunks = self.skipped = self.docs = self.tokens = self.bytes = self.tokenized = 0
+        self.started = self._drawn = time.monotonic()
+        self.tty = out.isatty()
+
+    def add(self, done: Done) -> None:
+        self.chunks += 1
+        self.docs += done.entry.num_docs
+        self.tokens += done.entry.num_tokens
+        if done.tokenized:
+            self.tokenized += 1
+            self.bytes += done.raw_bytes
+        else:
+            self.skipped += 1
+            self.total_bytes -= done.raw_bytes
+        if time.monotonic() - self._drawn >= self.interval or self.chunks == self.total_chunks:
+            self.draw()
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = self.bytes / elapsed
+        left = max(self.total_bytes - self.bytes, 0)
+        eta = f"{left / rate:.0f}s" if rate > 0 else "?"
+        pct = 100.0 * self.chunks / max(self.total_chunks, 1)
+        return (
+            f"[{pct:5.1f}%] {self.chunks}/{self.total_chunks} chunks, {self.docs:,} docs, "
+            f"{self.tokens:,} tokens, {rate / 1e6:.2f} MB/s, "
+            f"{self.tokens / elapsed / 1e6:.2f} M tokens/s, ETA {eta}"
+        )
+
+    def draw(self) -> None:
+        self._drawn = time.monotonic()
+        if self.tty:
+            self.out.write("\r" + self.line() + "\x1b[K")
+        else:
+            self.out.write(self.line() + "\n")
+        self.out.flush()
+
+
+def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stderr) -> int:
+    """Build the named jobs' token stores on up to `workers` processes, this one included;
+    returns the number of chunks tokenized."""
+    return sum(_build_job(config, name, workers, out) for name in names)
+
+
+def processes(workers: int, chunks: int, source_bytes: int, cores: int) -> int:
+    """How many processes build `chunks` chunks of `source_bytes` in all on `cores` cores:
+    `workers` at most, and no more than there are chunks, PROCESS_BYTES of sources or
+    CORES_PER_PROCESS cores for."""
+    most = min(chunks, math.ceil(source_bytes / PROCESS_BYTES), cores // CORES_PER_PROCESS)
+    return max(1, min(workers, most))
+
+
+def available_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _ready() -> None:
+    """In a worker process: nothing; its answer says the process is up (its initializer ran)."""
+
+
+class _Builders:
+    """Hands a job's chunks out in sample order: to this process, which starts on the first at
+    once (on LOCAL_THREADS threads, sharing the planned job's tokenizer and store), and to each
+    worker process as soon as it is up, one chunk at a time. A worker's start-up (a new Python,
+    its imports, its tokenizer: about a second) so costs nothing: the chunks go to whoever is
+    ready, and a small corpus may be done before a worker is."""
+
+    def __init__(self, job: Job, todo: list[tuple[int, int]], pool: cf.ProcessPoolExecutor | None):
+        self.job, self.pool = job, pool
+        self.pending = collections.deque(todo)
+        self.results: queue.Queue[tuple[str, object]] = queue.Queue()
+        self.futures: set[cf.Future] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Each thread its own indexes: building a chunk adopts it as a one-chunk plan.
+        self.local = [self._indexes(job) for _ in range(LOCAL_THREADS)]
+        self._threads = [
+            threading.Thread(target=self._run_local, args=(mine,), name=f"build-{k}", daemon=True)
+            for k, mine in enumerate(self.local)
+        ]
+
+    @staticmethod
+    def _indexes(job: Job) -> list[DatasetIndex]:
+        indexes = []
+        for planned in job.indexes:
+            idx = DatasetIndex(
+                job.spec,
+                planned.dataset,
+                planned.store,
+                planned.tokenizer,
+                planned.storage,
+                planned.shared,
+            )
+            idx.keep_bodies = planned.keep_bodies
+            indexes.append(idx)
+        return indexes
+
+    def start(self, workers_ready: list[cf.Future]) -> None:
+        for f in workers_ready:
+            f.add_done_callback(lambda f: self.results.put(("ready", f)))
+        for thread in self._threads:
+            thread.start()
+
+    def _next(self) -> tuple[int, int] | None:
+        with self._lock:
+            if self._stop.is_set() or not self.pending:
+                return None
+            return self.pending.popleft()
+
+    def _run_local(self, indexes: list[DatasetIndex]) -> None:
+        try:
+            while (item := self._next()) is not None:
+                d, i = item
+                chunk = self.job.indexes[d].chunks[i]
+                self.results.put(("done", _build_in(indexes[d], d, i, chunk)))
+        except BaseException as e:  # handed to the main thread, which raises it
+            self.results.put(("failed", e))
+
+    def _submit(self) -> None:
+        item = self._next()
+        if item is not None and self.pool is not None:
+            d, i = item
+            f = self.pool.submit(_build_chunk, d, i, self.job.indexes[d].chunks[i])
+            self.futures.add(f)
+            f.add_done_callback(lambda f: self.results.put(("worker", f)))
+
+    def take(self) -> Done:
+        """The next chunk built, by this process or a worker; raises what a build raised."""
+        while True:
+            kind, value = self.results.get()
+            if kind == "failed":
+                raise value  # type: ignore[misc]
+            if kind == "done":
+                return value  # type: ignore[return-value]
+            future: cf.Future = value  # type: ignore[assignment]
+            self.futures.discard(future)
+            if kind == "ready":
+                future.result()  # a worker that could not start: BrokenProcessPool
+                self._submit()
+                continue
+            done = future.result()
+            self._submit()
+            return done
+
+    def stop(self) -> None:
+        """No chunk is handed out any more; this process's chunk in progress is abandoned at
+        its next encode batch, the workers' are finished (the pool's shutdown waits)."""
+        self._stop.set()
+        for indexes in self.local:
+            for idx in indexes:
+                idx.cancel()
+        for f in list(self.futures):
+            f.cancel()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
+
+
+def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
+    job = planned_job(config, name)
+    todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
+    # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
+    before = {
+        (d, i)
+        for d, i in todo
+        if job.indexes[d].store.get_index(job.indexes[d].keys[i]) is not None
+    }
+    total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
+    left = [(d, i) for d, i in todo if (d, i) not in before]
+    left_bytes = sum(job.indexes[d].chunks[i].raw_bytes for d, i in left)
+    cores = available_cores()
+    used = processes(workers, len(left), left_bytes, cores)
+    how = f"{used} process(es)"
+    if used < workers:
+        how = (
+            f"{used} of {workers} process(es) (one per chunk, {PROCESS_BYTES >> 20} MiB and "
+            f"{CORES_PER_PROCESS} of the {cores} cores at most)"
+        )
+    print(
+        f"job {name}: {len(todo)} chunks in {len(job.indexes)} dataset(s), "
+        f"{total_bytes / 1e6:.1f} MB of sources; {len(before)} already in the store, "
+        f"building the rest with {how}",
+        file=out,
+        flush=True,
+    )
+    progress = Progress(out, len(todo), total_bytes)
+    for d, i in before:
+        idx = job.indexes[d]
+        entry, units = idx.index_chunk(i)
+        idx.record(i, entry, units)
+        progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
+    pool = None
+    if used > 1:
+        pool = cf.ProcessPoolExecutor(
+            used - 1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(config, name, not config.store.uri),
+        )
+    builders = _Builders(job, left, pool)
+    try:
+        # Worker processes start now, after the scan above cleaned the store; this process
+        # builds from the first moment, so their start-up delays nothing.
+        builders.start([pool.submit(_ready) for _ in range(used - 1)] if pool else [])
+        for _ in left:
+            done = builders.take()
+            job.indexes[done.dataset].record(done.chunk, done.entry, done.units)
+            progress.add(done)
+    finally:
+        builders.stop()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if progress.tty:
+        out.write("\n")
+    for idx in job.indexes:
+        idx.finish()
+    elapsed = time.monotonic() - progress.started
+    print(
+        f"job {name}: built; tokenized {progress.tokenized} chunks, "
+        f"{progress.skipped} were already in the store; {progress.bytes / 1e6:.1f} MB in "
+        f"{elapsed:.1f}s; fingerprint {job.fingerprint}",
+        file=out,
+        flush=True,
+    )
+    return progress.tokenized

@@ -1,0 +1,393 @@
+"""A dataset's token index: list its sources, plan its chunks, make sure each is tokenized.
+
+A job has one index per dataset (one for a plain job). `DatasetIndex.build` runs listing and
+tokenization in worker threads, several chunks at once, in the epoch-0 chunk order; while it
+runs, epoch 0's rows of the leading windows whose chunks are all built (`rows_built`) can be
+served. With a shared store (sharedstore.py), chunks are read from it when published, chunks
+assigned to other live nodes wait for them, and chunks tokenized here are published. Outcomes:
+- READY: every chunk is stored; documents and tokens per chunk are known (`num_docs`,
+  `num_tokens`). The dataset's fingerprint (its chunks' keys) is known once it is planned.
+- FAILED: the data itself refuses the job (a bad record under `strict`, a source that matches
+  nothing or changed after it was pinned, a corpus too small for one row). Every server would
+  reach the same verdict, so clients are told so (FAILED_PRECONDITION).
+- anything else (an I/O error on this server's disk, a bug) is this server's problem: the build
+  is retried with backoff while requests get UNAVAILABLE, so clients fail over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+import numpy as np
+from tokenfeed.server.errors import (
+    LocalError,
+    NotReadyError,
+    SourceError,
+    TokenfeedError,
+)
+from tokenfeed.server.indexing.chunkkeys import ChunkKeys
+from tokenfeed.server.indexing.chunkmaker import BuildCancelled, ChunkMaker
+from tokenfeed.server.objstore.storage import ObjectInfo, Storage
+from tokenfeed.server.operate import metrics
+from tokenfeed.server.sampling import order
+from tokenfeed.server.serve.control import SupervisorLink
+from tokenfeed.server.settings.config import DatasetSpec, JobSpec, SourceSpec
+from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
+from tokenfeed.server.store.chunkfiles import ChunkIndex
+from tokenfeed.server.store.sharedstore import SharedStore
+from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
+from tokenfeed.server.tokenizer.tokenize import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+INDEXING, READY, FAILED = "indexing", "ready", "failed"
+RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
+POLL_SECONDS = 0.5  # how often a chunk another node tokenizes is looked for in the shared store
+WORKER_POLL_SECONDS = 0.05  # how often a serving worker looks for the supervisor's manifests
+
+
+class DatasetIndex:
+    def __init__(
+        self,
+        spec: JobSpec,
+        dataset: DatasetSpec,
+        store: TokenStore,
+        tokenizer: TextTokenizer | None,
+        storage: Storage,
+        shared: SharedStore | None = None,
+        supervisor: SupervisorLink | None = None,
+    ):
+        self.spec, self.dataset, self.store = spec, dataset, store
+        self._tokenizer = tokenizer
+        self.storage, self.shared = storage, shared
+        # In a serving worker (control.py): the supervisor plans and tokenizes; this index
+        # only reads the manifests it commits, and asks it for evicted bodies.
+        self.supervisor = supervisor
+        self.position = spec.datasets.index(dataset)  # in the job
+        # An offline build into a shared store keeps only manifests here (the store has all).
+        self.keep_bodies = True
+        self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
+        self.chunks: list[Chunk] = []
+        self.keys = ChunkKeys([])
+        self.num_docs = np.zeros(0, dtype=np.int64)
+        self.num_tokens = np.zeros(0, dtype=np.int64)
+        self.body_bytes = np.zeros(0, dtype=np.int64)
+        self.bad_records: Counter[str] = Counter()
+        self.state, self.error, self.fingerprint = INDEXING, "", ""
+        # The dataset's stream (order.py): units per chunk (concat: tokens of the chunk's packed
+        # stream; best_fit: its rows); row r is units [r*per_row, r*per_row + span).
+        if spec.packing == "concat":
+            self.per_row, self.span = spec.seq_len, spec.seq_len + 1
+        else:
+            self.per_row, self.span = 1, 1
+        self.units_per_chunk = np.zeros(0, dtype=np.int64)
+        self.units_per_epoch = 0  # known once READY
+        # Serving while building: chunks are built in epoch 0's order, and the rows of the
+        # leading windows whose chunks (and the units their last row reads on into) are all
+        # built can be served before the rest exists.
+        self.order0 = np.zeros(0, dtype=np.int64)  # epoch 0's chunk order
+        self.position0 = np.zeros(0, dtype=np.int64)  # its inverse
+        self.positions_built = 0  # leading positions of that order whose chunks are built
+        self.windows_built = 0  # leading windows whose rows can all be served
+        self.rows_built = 0  # rows of those windows: epoch-0 rows [0, rows_built) are known
+        self._units_counted = 0  # units of the first `positions_built` positions
+        self._window_ends: list[int] = []  # units before each window boundary built so far
+        self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
+        self.started = time.monotonic()
+        self._cancel = threading.Event()
+        self.maker = ChunkMaker(self)
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Rows that start in an epoch, at least (an epoch's first and last rows may be shared
+        with its neighbours: rows run on from one epoch into the next)."""
+        return self.units_per_epoch // self.per_row
+
+    @property
+    def chunks_indexed(self) -> int:
+        return int((self.num_docs >= 0).sum())
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    async def build(self, executor: Executor, parallel: int, retry: bool = True) -> None:
+        """Build until READY or FAILED, retrying failures local to this server (or, without
+        `retry`, failing on them too: a one-shot command wants the error, not a wait)."""
+        pause = RETRY_SECONDS[0]
+        while not self._cancel.is_set():
+            try:
+                await self._build_once(executor, parallel)
+                return
+            except LocalError as e:  # this server's cache or network path: retried here
+                log.warning("job %s: %s; retrying in %.0fs", self.name, e, pause)
+                self.error = f"index build failed on this server: {e}"
+                self._tell()  # waiting requests go elsewhere now
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_SECONDS[1])
+            except TokenfeedError as e:
+                self._fail(str(e))
+                return
+            except BuildCancelled:
+                return
+            except Exception as e:  # local: disk, memory, a bug; another server may do better
+                if not retry:
+                    self._fail(f"index build failed: {type(e).__name__}: {e}")
+                    return
+                log.exception(
+                    "job %s: index build failed here; retrying in %.0fs", self.name, pause
+                )
+                self.error = f"index build failed on this server: {type(e).__name__}: {e}"
+                self._tell()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_SECONDS[1])
+
+    async def _build_once(self, executor: Executor, parallel: int) -> None:
+        loop = asyncio.get_running_loop()
+        if not self.chunks and self.supervisor is not None:  # planned once, by the owner
+            planned = await loop.run_in_executor(executor, self.supervisor.chunks, self.spec.name)
+            self.adopt(planned[self.position])
+        elif not self.chunks:
+            await loop.run_in_executor(executor, self.plan)
+            self.store.cache.claim(
+                self.raw_claim,
+                self.raw_working_set(parallel),
+                f"job {self.name} (the raw data of {parallel} chunks tokenized at once)",
+            )
+        todo = [int(i) for i in self.order0 if self.num_docs[i] < 0]
+        todo.reverse()  # popped from the end: epoch-0 order
+        # With a shared store: chunks assigned to another live node wait here until it
+        # publishes them (or takeover_seconds pass): chunk -> [first deferred, last checked].
+        deferred: dict[int, list[float]] = {}
+
+        poll = POLL_SECONDS if self.supervisor is None else WORKER_POLL_SECONDS
+
+        def pick() -> int | None:
+            now = time.monotonic()
+            due = [i for i, (_, checked) in deferred.items() if now - checked >= poll]
+            if due:  # the earliest in sample order first: a request may be waiting on it
+                return min(due, key=lambda i: self.position0[i])
+            return todo.pop() if todo else None
+
+        async def worker() -> None:
+            while (todo or deferred) and not self._cancel.is_set():
+                i = pick()
+                if i is None:
+                    await asyncio.sleep(poll / 4)
+                    continue
+                since = deferred.get(i, [time.monotonic()])[0]
+                got = await loop.run_in_executor(executor, self.index_or_defer, i, since)
+                if got is None:
+                    deferred[i] = [since, time.monotonic()]
+                    continue
+                deferred.pop(i, None)
+                self.record(i, *got)
+
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the others
+                for _ in range(max(1, parallel)):
+                    group.create_task(worker())
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        if self._cancel.is_set():
+            raise BuildCancelled
+        self.finish()
+
+    @property
+    def raw_claim(self) -> str:
+        return f"{self.name}#raw"
+
+    def raw_working_set(self, parallel: int) -> int:
+        """Cache bytes for the raw data of `parallel` chunks tokenized at once: their source
+        bytes rounded out to blocks (only for objects that are fetched into the cache); a
+        group's per object, which holds no more blocks than its own size."""
+        block = self.storage.object_store.block_bytes
+
+        def need(c: Chunk) -> int:
+            if not c.parts:
+                return c.raw_bytes + 2 * block
+            per_object: dict[ObjectInfo, int] = {}
+            for p in c.parts:
+                per_object[p.source] = per_object.get(p.source, 0) + p.raw_bytes
+            return sum(min(n + 2 * block, o.size) for o, n in per_object.items())
+
+        remote = [need(c) for c in self.chunks if c.source.uri.startswith("s3://")]
+        if not remote:
+            return 0
+        return min(parallel, len(remote)) * max(remote)
+
+    def plan(self) -> None:
+        """List the sources and plan the chunks (in a worker thread)."""
+        objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
+        for source in self.dataset.sources:
+            found = self.storage.for_uri(source.pattern).list(source.pattern)
+            if not found:
+                raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
+            for obj in found:  # an object matched by two patterns is read once, as the first says
+                objects.setdefault(obj.uri, (obj, source))
+        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes, self.storage)
+        if not chunks:
+            raise SourceError(f"job {self.name}: every source object is empty")
+        self.adopt(chunks)
+        if self.shared is not None:
+            self.shared.check_dataset(self.dataset.name, self.inputs(chunks))
+            self.shared.join()
+
+    def adopt(self, chunks: list[Chunk]) -> None:
+        """Take a planned chunk list (from `plan`, or from the process that planned it)."""
+        self.keys = ChunkKeys([c.key(self.tokenizer.chunk_digest) for c in chunks])
+        self.num_docs = np.full(len(chunks), -1, dtype=np.int64)
+        self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
+        self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
+        self.units_per_chunk = np.zeros(len(chunks), dtype=np.int64)
+        n = len(chunks)
+        self.order0 = order.permute(
+            np.arange(n), n, order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
+        )
+        self.position0 = np.empty(n, dtype=np.int64)
+        self.position0[self.order0] = np.arange(n)
+        self.fingerprint = self._fingerprint()
+        self.chunks = chunks
+
+    def inputs(self, chunks: list[Chunk]) -> dict:
+        """What the dataset's chunks are made from: recorded in a shared store, which refuses
+        a dataset of the same name made from other inputs."""
+        pieces = [p for c in chunks for p in c.pieces]  # every part of a group
+        sources = {
+            c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind, c.text_field]
+            for c in pieces
+        }
+        for c in pieces:  # a Megatron .idx's .bin
+            if c.companion is not None:
+                sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
+        return {
+            "chunk_format": CHUNK_FORMAT_VERSION,
+            "tokenizer_blake2b": self.tokenizer.chunk_digest,
+            "chunk_bytes": self.dataset.chunk_bytes,
+            "sources": [sources[u] for u in sorted(sources)],
+        }
+
+    def index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
+        return self.maker.index_or_defer(i, since)
+
+    def index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
+        return self.maker.index_chunk(i)
+
+    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
+        return self.maker.open_body(i)
+
+    def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
+        return self.maker.ensure_chunk(i, body)
+
+    def record(self, i: int, entry: ChunkIndex, units: int) -> None:
+        """Count chunk i, built: its documents, tokens, units and bad records."""
+        self.num_docs[i] = entry.num_docs
+        self.num_tokens[i] = entry.num_tokens
+        self.body_bytes[i] = entry.body_bytes
+        self.units_per_chunk[i] = units
+        self.bad_records.update(entry.bad)
+        for reason, n in entry.bad.items():
+            metrics.BAD_RECORDS.labels(self.spec.name, reason).inc(n)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Move the built prefix of epoch 0's order past every chunk built so far, and the
+        servable rows past every window whose rows read only built units."""
+        n, window, before = len(self.chunks), self.spec.window_chunks, self.rows_built
+        while self.positions_built < n and self.num_docs[self.order0[self.positions_built]] >= 0:
+            self._units_counted += int(self.units_per_chunk[self.order0[self.positions_built]])
+            self.positions_built += 1
+            if self.positions_built % window == 0 and self.positions_built < n:
+                self._window_ends.append(self._units_counted)
+        # A window's rows are servable once the units its last row reads are built; the last
+        # window's last row reads on into epoch 1, which waits for the whole epoch (READY).
+        while self.windows_built < len(self._window_ends):
+            end_row = -(-self._window_ends[self.windows_built] // self.per_row)
+            if (end_row - 1) * self.per_row + self.span > self._units_counted:
+                break
+            self.windows_built += 1
+            self.rows_built = max(end_row, 0)
+        if self.rows_built != before:
+            for listener in self.listeners:
+                listener()
+
+    def finish(self) -> None:
+        """Every chunk is counted: READY (or SourceError if the corpus yields no row)."""
+        seq_len, total = self.spec.seq_len, int(self.units_per_chunk.sum())
+        if total < self.span:
+            raise SourceError(
+                f"job {self.name}: the corpus yields no row of seq_len {seq_len} "
+                f"({int(self.num_tokens.sum())} tokens in {len(self.chunks)} chunks); "
+                "lower seq_len, or add data"
+            )
+        self.units_per_epoch = total
+        self.state, self.error = READY, ""
+        for listener in self.listeners:
+            listener()
+        log.info(
+            "job %s ready: %d chunks, %d documents, %d tokens, %d rows per epoch",
+            self.name,
+            len(self.chunks),
+            int(self.num_docs.sum()),
+            int(self.num_tokens.sum()),
+            self.rows_per_epoch,
+        )
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The job's tokenizer: set by the job once loaded, before the index is planned."""
+        if self._tokenizer is None:
+            raise NotReadyError(
+                f"job {self.name}: dataset {self.dataset.name} has no tokenizer yet", 5.0
+            )
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: TextTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    @property
+    def ready(self) -> bool:
+        """Every chunk is built and counted: rows of every epoch are known."""
+        return self.state == READY
+
+    def not_built(self, job: str, step: int, need: int) -> tuple[str, float]:
+        """Why `step` of `job`, which needs this dataset's first `need` rows, cannot be served
+        yet, and a guess of the seconds until it can (from the build's rate so far)."""
+        elapsed = max(time.monotonic() - self.started, 1e-3)
+        rate = self.rows_built / elapsed  # rows per second built so far
+        eta = (need - self.rows_built) / rate if rate > 0 else 5.0
+        return (
+            f"step {step} of job {job} needs {need} rows of dataset "
+            f"{self.dataset.name}; {self.rows_built} rows are built so far "
+            f"({self.positions_built}/{len(self.chunks)} chunks tokenized in sample order)",
+            min(max(eta, 1.0), 600.0),
+        )
+
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+    def _fail(self, error: str) -> None:
+        self.state, self.error = FAILED, error
+        log.error("job %s failed: %s", self.name, error)
+        for listener in self.listeners:
+            listener()
+
+    def _fingerprint(self) -> str:
+        """The dataset's inputs, known before anything is tokenized: every chunk's key (which
+        covers its source's URI, size and ETag, its range, the tokenizer's digest and the chunk
+        format version), in chunk order. Tokenization is deterministic, so the inputs decide
+        the tokens; a rebuilt chunk's digest is still checked against the one first indexed."""
+        text = "\n".join([self.dataset.name, *self.keys])
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -1,0 +1,1 @@
+"""A job at run time: its build, prefetch, progress, provenance and description."""

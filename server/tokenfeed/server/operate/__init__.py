@@ -1,0 +1,1 @@
+"""What operators see: metrics, the status page, logs."""

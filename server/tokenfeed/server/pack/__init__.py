@@ -1,0 +1,1 @@
+"""Pure packing of rows (concat, best-fit) and the assembly of a plan's batches."""

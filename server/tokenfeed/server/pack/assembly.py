@@ -1,0 +1,244 @@
+"""A job's batches from its plans: the chunks a plan reads are opened (disk work, in a worker
+thread: `open_chunks`), then the pure packing functions assemble the rows from the stored
+tokens, in the wire's dtype.
+
+Under concat each (dataset, epoch, chunk) stream is laid out once in the epoch's order of the
+chunk's documents (`server.stream_cache_bytes`), so a row is a slice copy per chunk it
+touches. What is served is always copied from a chunk verified at the time of the copy: damage
+to a body under a running server is found then, and the chunk rebuilt, never served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tokenfeed.client import wire
+from tokenfeed.server.diskcache.lru import LRU
+from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
+from tokenfeed.server.pack import bestfit, packing
+from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling.planner import Plan, Planner
+
+if TYPE_CHECKING:
+    from tokenfeed.server.indexing.index import DatasetIndex
+    from tokenfeed.server.settings.config import JobSpec
+    from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
+    from tokenfeed.server.tokenizer.tokenize import TextTokenizer
+
+
+class Assembler:
+    def __init__(
+        self,
+        spec: JobSpec,
+        indexes: list[DatasetIndex],
+        store: TokenStore,
+        fail: Callable[[str], None],
+        stream_cache_bytes: int,
+    ):
+        self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
+        self.tokenizer: TextTokenizer | None = None  # set once the job's tokenizer is loaded
+        # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
+        # per (dataset, chunk).
+        self._streams: LRU[tuple[int, int, int], packing.ChunkStream] = LRU(512)
+        self._layouts: LRU[tuple[int, int], bestfit.BestFitLayout] = LRU(512)
+        self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
+        # Concat streams materialised per (dataset, epoch, chunk): a row is then one slice copy
+        # per chunk it touches (bench/, wire section: [32, 4096] batches at about 3x the rate of
+        # gathering token by token), for this much memory.
+        self.materialised: LRU[tuple[int, int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
+        store.cache.on_evict(self._forget)
+
+    @property
+    def wire_dtype(self) -> np.dtype:
+        return wire.token_dtype(self.loaded_tokenizer.vocab_size)
+
+    @property
+    def loaded_tokenizer(self) -> TextTokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError("the job's tokenizer is not loaded")
+        return self.tokenizer
+
+    # ---------------------------------------------------------------- chunks of a plan
+
+    def chunk_keys(self, plan: Plan) -> list[tuple[str, str]]:
+        """The cache entries a plan reads, to pin while it is served."""
+        needed = {(d, c) for d, _, c in Planner.plan_chunks(plan)}
+        return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
+
+    def pinned(self, plan: Plan):
+        return self.store.cache.pinned(self.chunk_keys(plan))
+
+    async def open_chunks(self, plan: Plan, executor: Executor) -> None:
+        """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
+        needed = Planner.plan_chunks(plan)
+        missing: list[Callable[[], np.ndarray]]
+        if self.spec.packing == "concat":  # opened and laid out in the epoch's order
+            missing = [
+                partial(self.stream_ids, *key)
+                for key in needed
+                if not self.materialised.contains(key)
+            ]
+        else:
+            chunks = {(d, c) for d, _, c in needed if not self.materialised.contains((d, -1, c))}
+            missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
+        if missing:
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.gather(*(loop.run_in_executor(executor, make) for make in missing))
+            except (SourceError, BadRecordError) as e:
+                self._fail(str(e))
+                raise JobFailedError(str(e)) from e
+
+    # ---------------------------------------------------------------- batches
+
+    def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
+        """(epoch of the first row, the compact batch) of a plan: token ids in the wire's
+        dtype and document starts (docs/batch-format.md)."""
+        first_epoch = 0
+        for part in plan.parts:
+            hit = np.nonzero(part.slots == 0)[0]
+            if hit.size:
+                first_epoch = int(part.epochs[hit[0]])
+        if self.spec.packing == "best_fit":
+            return first_epoch, wire.compact_from_tensors(
+                self._assemble_bestfit(plan), self.wire_dtype
+            )
+        ids, starts = packing.assemble_concat(
+            plan.rows,
+            self.spec.seq_len,
+            [(p.dataset, p.slots, p.pieces) for p in plan.parts],
+            self.stream,
+            self.stream_ids,
+            self.wire_dtype,
+        )
+        return first_epoch, wire.compact_from_flat_starts(ids, starts)
+
+    def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+        """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
+        one pass, then cut into the steps' batches, each with the epoch of its first row."""
+        epoch, whole = self.assemble(plan)
+        if steps == 1:
+            return [(epoch, whole)]
+        per_step = plan.rows // steps
+        epochs = np.zeros(steps, dtype=np.int64)
+        for part in plan.parts:
+            first = part.slots % per_step == 0
+            epochs[part.slots[first] // per_step] = part.epochs[first]
+        return [
+            (int(epochs[i]), wire.slice_rows(whole, i * per_step, (i + 1) * per_step))
+            for i in range(steps)
+        ]
+
+    def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
+        s, t = self.spec, self.loaded_tokenizer
+        out = {
+            name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES
+        }
+        for part in plan.parts:
+            pc = part.pieces  # one piece per row: `lo` is the row within its chunk
+            for c in dict.fromkeys(pc.chunk.tolist()):
+                sel = pc.chunk == c
+                chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c)
+                tokens = self.bestfit_tokens(part.dataset, c)
+                rows = bestfit.bestfit_rows_at(
+                    layout,
+                    chunk.doc_offsets,
+                    tokens,
+                    pc.lo[sel],
+                    s.seq_len,
+                    t.bos_id,
+                    t.eos_id,
+                    t.eos_id,
+                )
+                for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
+                    out[name][part.slots[pc.row[sel]]] = arr
+        return out
+
+    # ---------------------------------------------------------------- opened chunks
+
+    def chunk(self, d: int, c: int) -> TokenChunk:
+        return self._open.get_or_make((d, c), lambda: self._load(d, c))
+
+    def _load(self, d: int, c: int) -> TokenChunk:
+        # An evicted or corrupt body is rebuilt: tokenization is deterministic, so the rebuilt
+        # chunk has the same bytes (its digest is checked against the index).
+        idx = self.indexes[d]
+        return self._checked(idx, c, idx.open_body(c)[1])
+
+    def forget_gone(self) -> int:
+        """In a serving worker: drop the mappings of bodies the supervisor has evicted since
+        (so their disk space is freed); the number dropped."""
+        gone = [(d, c) for d, c in self._open.keys() if self.store.gone(self.indexes[d].keys[c])]
+        for key in gone:
+            self._open.discard(key)
+        return len(gone)
+
+    def _forget(self, entry: tuple[str, str]) -> None:
+        """An evicted body is no longer mapped here (called with the cache's lock held)."""
+        kind, key = entry
+        for d, idx in enumerate(self.indexes):
+            c = idx.keys.get(key) if kind == "chunk" else None
+            if c is not None:
+                self._open.discard((d, c))
+
+    @staticmethod
+    def _checked(idx: DatasetIndex, c: int, chunk: TokenChunk) -> TokenChunk:
+        if len(chunk.doc_lengths) != idx.num_docs[c] or chunk.tokens.size != idx.num_tokens[c]:
+            raise StoreCorruptError(
+                f"token chunk {idx.keys[c]} holds {len(chunk.doc_lengths)} documents and "
+                f"{chunk.tokens.size} tokens, the index says {idx.num_docs[c]} and "
+                f"{idx.num_tokens[c]}"
+            )
+        return chunk
+
+    def stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
+        def make() -> packing.ChunkStream:
+            chunk, s, name = self.chunk(d, c), self.spec, self.indexes[d].dataset.name
+            doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
+            return packing.concat_stream(
+                chunk.doc_offsets, chunk.doc_lengths, doc_order, self.loaded_tokenizer.add_bos
+            )
+
+        return self._streams.get_or_make((d, epoch, c), make)
+
+    def stream_ids(self, d: int, epoch: int, c: int) -> np.ndarray:
+        """Chunk c's concat stream in `epoch`, token by token, in the wire's dtype."""
+
+        def make() -> np.ndarray:
+            t = self.loaded_tokenizer
+            return packing.materialise(
+                self.stream(d, epoch, c),
+                self._verified(d, c).tokens,
+                t.bos_id,
+                t.eos_id,
+                self.wire_dtype,
+            )
+
+        return self.materialised.get_or_make((d, epoch, c), make)
+
+    def _verified(self, d: int, c: int) -> TokenChunk:
+        """Chunk c opened with its digests checked now, whatever was checked before: what is
+        served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
+        while the server runs is found at the next copy, and the chunk rebuilt, never served."""
+        self.store.forget_verified(self.indexes[d].keys[c])
+        self._open.discard((d, c))
+        return self.chunk(d, c)
+
+    def bestfit_tokens(self, d: int, c: int) -> np.ndarray:
+        """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
+        return self.materialised.get_or_make(
+            (d, -1, c), lambda: np.array(self._verified(d, c).tokens)
+        )
+
+    def bestfit_layout(self, d: int, c: int) -> bestfit.BestFitLayout:
+        # best-fit rows do not depend on the epoch's document order (the rows are permuted)
+        def make() -> bestfit.BestFitLayout:
+            lengths = self.chunk(d, c).doc_lengths
+            return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.loaded_tokenizer.add_bos)
+
+        return self._layouts.get_or_make((d, c), make)

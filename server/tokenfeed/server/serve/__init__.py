@@ -1,0 +1,1 @@
+"""The gRPC service, its port (health, TLS, tokens), the daemon, and its serving workers."""

@@ -1,0 +1,293 @@
+"""The gRPC servicer: proto -> domain -> proto, and domain errors -> status codes, once, here."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from tokenfeed.client import wire
+from tokenfeed.server import errors
+from tokenfeed.server.jobs.describe import job_info, num_sources
+from tokenfeed.server.jobs.job import MAX_STEP, READY, Job
+from tokenfeed.server.operate import metrics
+from tokenfeed.server.serve.batchmsg import batch_message, serialized
+from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from tokenfeed.server.indexing.index import DatasetIndex
+
+# Steps of a stream assembled in one pass: small batches pay their fixed costs (planning,
+# numpy calls) once per group (bench/, wire section: at [8, 2048] a group of 4 costs 0.2 ms a
+# batch on the event loop, one step alone 0.47 ms). A group holds at most GROUP_TOKENS tokens,
+# one [32, 4096] batch, so the event loop is never held for more than one large batch's work
+# and a stalled stream holds at most that much in its group: larger batches go one at a time.
+STREAM_GROUP = 4
+GROUP_TOKENS = 32 * 4096
+
+
+def stream_group(rows: int, seq_len: int) -> int:
+    """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP, while the group
+    holds at most GROUP_TOKENS tokens; at least one."""
+    return max(1, min(STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
+
+
+def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
+    """The TokenFeed service on `server`, with request parsers that turn undecodable bytes into
+    INVALID_ARGUMENT (grpc's own would answer UNKNOWN or INTERNAL)."""
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "GetBatch": unary(servicer.GetBatch, parse_request(pb.GetBatchRequest), serialized),
+        "StreamBatches": stream(
+            servicer.StreamBatches, parse_request(pb.StreamBatchesRequest), serialized
+        ),
+        "DescribeJob": unary(
+            servicer.DescribeJob, parse_request(pb.DescribeJobRequest), pb.JobInfo.SerializeToString
+        ),
+        "ListJobs": unary(
+            servicer.ListJobs,
+            parse_request(pb.ListJobsRequest),
+            pb.ListJobsResponse.SerializeToString,
+        ),
+        "Explain": unary(
+            servicer.Explain, parse_request(pb.GetBatchRequest), pb.Explanation.SerializeToString
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["TokenFeed"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+def _unary(method):
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        started = time.perf_counter()
+        try:
+            well_formed(request)
+            reply = await method(self, request, context)
+        except Exception as exc:  # every failure becomes a status; none reaches grpc raw
+            metrics.REQUESTS.labels(name, status_for(exc).name).inc()
+            await abort(context, exc, name)
+        metrics.REQUEST_SECONDS.labels(name).observe(time.perf_counter() - started)
+        metrics.REQUESTS.labels(name, "OK").inc()
+        return reply
+
+    return wrapper
+
+
+class TokenFeedServicer(pb_grpc.TokenFeedServicer):
+    def __init__(
+        self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor, stream_ahead: int = 2
+    ):
+        self.jobs = jobs
+        self.max_wait = max_wait_seconds
+        self.stream_ahead = stream_ahead
+        self.io = io  # opens, verifies and rebuilds chunks off the event loop
+        # DescribeJob's answers of ready jobs, and each dataset's count of sources (a walk over
+        # its chunks, made once per planned chunk list): no request walks the chunks once a
+        # job serves, whatever the corpus size.
+        self._described: dict[str, tuple[tuple, pb.JobInfo]] = {}
+        self._sources: dict[DatasetIndex, tuple[list, int]] = {}
+
+    def _job(self, name: str) -> Job:
+        if not name:
+            raise errors.RequestError("job is required; ListJobs names the jobs of this server")
+        job = self.jobs.get(name)
+        if job is None:
+            known = sorted(self.jobs)
+            listed = ", ".join(map(shown, known[:20])) + (" …" if len(known) > 20 else "")
+            raise errors.UnknownJobError(f"unknown job {shown(name)}; this server has {listed}")
+        return job
+
+    def _wait(self, context) -> float:
+        """Seconds a request may wait for its chunks to be built: up to its deadline."""
+        remaining = context.time_remaining()
+        if remaining is None:
+            return self.max_wait
+        # Answer before the client's deadline does, so it hears UNAVAILABLE and why.
+        return max(0.0, min(self.max_wait, remaining - min(0.5, remaining / 10)))
+
+    def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
+        job = self._job(name)
+        # Requests carry 64-bit integers: refuse what no batch could mean, never cut it.
+        if not 1 <= world_size < 2**31:
+            raise errors.RequestError(f"world_size must be in [1, 2**31), got {world_size}")
+        if not 0 <= rank < world_size:
+            raise errors.RequestError(f"rank must be in [0, {world_size}), got {rank}")
+        job.check_request(step, rank, world_size)
+        return job
+
+    async def _built(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool
+    ) -> list[tuple[int, wire.Compact]]:
+        """(epoch, compact batch) of several steps of one rank (of the same batch size),
+        planned and assembled in one pass. Only training requests (not Explain) move the job's
+        progress, which prefetch and eviction follow."""
+        plan = await job.plan_when_built(steps, rank, world_size, self._wait(context))
+        if training:
+            for step in steps:
+                job.note_request(step, rank, world_size)
+        with job.pinned(plan):  # its chunks stay in the cache until the batches are built
+            await job.open_chunks(plan, self.io)  # disk work, off the event loop
+            return job.assemble_steps(plan, len(steps))
+
+    async def _batches(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context
+    ) -> list[bytes]:
+        """Several steps' batches of one rank, as serialized messages."""
+        built = await self._built(job, steps, rank, world_size, context, training=True)
+        out, tokens, sent = [], 0, 0
+        for step, (epoch, compact) in zip(steps, built, strict=True):
+            message, payload = batch_message(job, step, rank, world_size, epoch, compact)
+            out.append(message)
+            tokens += compact.rows * compact.seq_len
+            sent += payload
+        job.note_served(tokens)
+        metrics.SERVED_TOKENS.labels(job.name).inc(tokens)
+        metrics.SERVED_BYTES.labels(job.name).inc(sent)
+        return out
+
+    @_unary
+    async def GetBatch(self, request: pb.GetBatchRequest, context) -> bytes:
+        ws = request.world_size or 1
+        job = self._checked_job(request.job, request.step, request.rank, ws)
+        [message] = await self._batches(job, [request.step], request.rank, ws, context)
+        return message
+
+    async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
+        try:
+            well_formed(request)
+            ws = request.world_size or 1
+            job = self._checked_job(request.job, request.start_step, request.rank, ws)
+            end = request.end_step or MAX_STEP // job.spec.global_batch_size
+            if end <= request.start_step:
+                raise errors.RequestError(
+                    f"end_step {request.end_step} must be after start_step {request.start_step} "
+                    "(or 0 to stream until cancelled)"
+                )
+            async for batch in self._ahead(job, request.start_step, end, request.rank, ws, context):
+                yield batch
+        except asyncio.CancelledError:  # the client went away
+            metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
+            raise
+        except Exception as exc:
+            metrics.REQUESTS.labels("StreamBatches", status_for(exc).name).inc()
+            await abort(context, exc, "StreamBatches")
+        else:
+            metrics.REQUESTS.labels("StreamBatches", "OK").inc()
+
+    async def _ahead(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
+        """The stream's batches, built while the ones before them are sent: at most
+        `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
+        STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
+        reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
+        with its flow-control window. A group is assembled on the event loop in one stretch,
+        between awaits: other streams wait at most one large batch's work (measured faster
+        than threads, whose GIL contention with the loop cost more than the overlap gained;
+        groups of small batches pay the per-call costs of assembly once: bench/, wire)."""
+        ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
+        seq_len = job.spec.seq_len
+
+        async def produce() -> None:
+            try:
+                first = start
+                while first < end:
+                    started = time.perf_counter()
+                    # A group never crosses a change of batch size (a new phase), and while
+                    # the job builds each step goes as soon as its own rows are built.
+                    size = job.schedule.batch_size(first)
+                    steps, most = (
+                        [first],
+                        stream_group(size // world_size, seq_len),
+                    )
+                    if job.state != READY:
+                        most = 1
+                    while len(steps) < most and steps[-1] + 1 < end:
+                        if job.schedule.batch_size(steps[-1] + 1) != size:
+                            break
+                        steps.append(steps[-1] + 1)
+                    first = steps[-1] + 1
+                    batches = await self._batches(job, steps, rank, world_size, context)
+                    per_batch = (time.perf_counter() - started) / len(steps)
+                    for batch in batches:
+                        metrics.REQUEST_SECONDS.labels("StreamBatches").observe(per_batch)
+                        await ready.put(batch)
+                await ready.put(None)
+            except Exception as exc:  # handed to the sender, which aborts the stream with it
+                await ready.put(exc)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (item := await ready.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            producer.cancel()
+
+    @_unary
+    async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
+        ws = request.world_size or 1
+        job = self._checked_job(request.job, request.step, request.rank, ws)
+        [(_, compact)] = await self._built(job, [request.step], request.rank, ws, context, False)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
+        return pb.Explanation(
+            job=job.name,
+            step=request.step,
+            rank=request.rank,
+            world_size=ws,
+            fingerprint=wire.fingerprint(compact),
+            rows=[
+                pb.RowExplanation(
+                    row=r["row"],
+                    dataset=r["dataset"],
+                    epoch=r["epoch"],
+                    pieces=[
+                        pb.Piece(
+                            source=src,
+                            record=rec,
+                            token_start=ts,
+                            token_end=te,
+                            row_start=rs,
+                            row_end=re,
+                        )
+                        for src, rec, ts, te, rs, re in r["pieces"]
+                    ],
+                )
+                for r in rows
+            ],
+        )
+
+    @_unary
+    async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
+        return self._info(self._job(request.job))
+
+    @_unary
+    async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
+        return pb.ListJobsResponse(jobs=[self._info(self.jobs[n]) for n in sorted(self.jobs)])
+
+    def _info(self, job: Job) -> pb.JobInfo:
+        """The job's description: made once when it is ready (nothing in it changes then), and
+        per call while it indexes (numpy sums over the chunks, the sources counted once)."""
+        key = (job.state, job.error, job.fingerprint)
+        cached = self._described.get(job.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        info = job_info(job, self._num_sources)
+        if job.state == READY:
+            self._described[job.name] = (key, info)
+        return info
+
+    def _num_sources(self, idx: DatasetIndex) -> int:
+        cached = self._sources.get(idx)
+        if cached is None or cached[0] is not idx.chunks:  # planned since
+            cached = self._sources[idx] = (idx.chunks, num_sources(idx))
+        return cached[1]

@@ -1,0 +1,378 @@
+"""Every core of a data node: a supervisor and `server.workers` serving processes on one port.
+
+    supervisor (this module's `supervise`)            worker i (`worker_main`), i = 0..N-1
+    ├── owns the cache: plans, tokenizes, evicts,     ├── gRPC on the shared port (SO_REUSEPORT:
+    │   prefetches, answers for the budget           │   the kernel spreads connections)
+    ├── the control socket (control.py) ◄────────────┼── chunks / ensure / progress / metrics
+    ├── the HTTP port: /metrics (its own metrics     ├── reads the token store (tokstore.StoreView),
+    │   plus the workers', summed), status page      │   never writes it
+    └── restarts a worker that dies; SIGTERM: every  └── exits when the supervisor is gone
+        worker drains, then the supervisor stops
+
+Why one owner: the budget, eviction and single-flight tokenizing stay where they are (one
+process, cache.py), so no chunk is tokenized twice and the directory stays under its budget;
+workers map bodies read-only, and an evicted body they still map is dropped within
+FORGET_SECONDS (the kernel frees its space then). The supervisor reserves the port (a bound,
+not listening, SO_REUSEPORT socket), so `listen: host:0` gives every worker the same port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from prometheus_client.metrics_core import Metric
+from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.objstore.storage import Storage
+from tokenfeed.server.operate import logs, metrics
+from tokenfeed.server.operate.httpstatus import start_http
+from tokenfeed.server.serve.app import build_jobs, check_budget, start_builds, write_ready
+from tokenfeed.server.serve.control import Supervised, SupervisorLink, SupervisorUnavailable
+from tokenfeed.server.serve.front import Front
+from tokenfeed.server.settings.config import Config
+from tokenfeed.server.store.tokstore import StoreView
+
+log = logging.getLogger(__name__)
+
+START_SECONDS = 60.0  # a worker that has not written its ready file by then failed to start
+RESTART_PAUSE_SECONDS = 1.0  # between a worker's death and its replacement
+FORGET_SECONDS = 1.0  # how often a worker drops its mappings of evicted bodies
+METRICS_SECONDS = 1.0  # how often a worker sends its counters to the supervisor
+# What the workers count: summed over workers (and over workers that have exited) on /metrics.
+WORKER_METRICS = (
+    metrics.REQUESTS,
+    metrics.REQUEST_SECONDS,
+    metrics.SERVED_TOKENS,
+    metrics.SERVED_BYTES,
+)
+
+
+def reserve(listen: str) -> tuple[socket.socket, str]:
+    """A bound SO_REUSEPORT socket holding the port of `listen` (host:port, port 0 picks
+    one), and the address with that port."""
+    host, _, port = listen.rpartition(":")
+    bare = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((bare, int(port)))
+    return sock, f"{host}:{sock.getsockname()[1]}"
+
+
+# ------------------------------------------------------------------------ metrics
+
+
+def snapshot() -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
+    """This process's worker metrics: (family, help, type, samples)."""
+    return [
+        (f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
+        for m in WORKER_METRICS
+        for f in m.collect()
+    ]
+
+
+class WorkerMetrics:
+    """The workers' latest snapshots, and what exited workers had counted (counters never go
+    back when a worker is replaced). `collect` makes it a registry for generate_latest: the
+    supervisor's own families, with the workers' sums in place of the worker metrics."""
+
+    def __init__(self):
+        self.live: dict[int, list] = {}
+        self.retired: dict[tuple[str, str, tuple], float] = {}
+        self._names = {f.name for m in WORKER_METRICS for f in m.collect()}
+
+    def update(self, pid: int, snap: list) -> None:
+        self.live[pid] = snap
+
+    def retire(self, pid: int) -> None:
+        for family, _, _, samples in self.live.pop(pid, []):
+            for name, labels, value in samples:
+                if not name.endswith("_created"):
+                    key = (family, name, tuple(sorted(labels.items())))
+                    self.retired[key] = self.retired.get(key, 0.0) + value
+
+    def collect(self) -> Iterator[Metric]:
+        sums: dict[str, dict[tuple[str, tuple], float]] = {}
+        for key, value in self.retired.items():
+            family, name, labels = key
+            sums.setdefault(family, {})[(name, labels)] = value
+        for snap in list(self.live.values()):
+            for family, _, _, samples in snap:
+                into = sums.setdefault(family, {})
+                for name, labels, value in samples:
+                    k = (name, tuple(sorted(labels.items())))
+                    if name.endswith("_created"):
+                        into[k] = min(into.get(k, value), value)
+                    else:
+                        into[k] = into.get(k, 0.0) + value
+        for metric in metrics.REGISTRY.collect():
+            if metric.name not in self._names:
+                yield metric
+                continue
+            merged = Metric(metric.name, metric.documentation, metric.type)
+            for (name, labels), value in sorted(sums.get(metric.name, {}).items()):
+                merged.add_sample(name, dict(labels), value)
+            yield merged
+
+
+# ------------------------------------------------------------------------ the supervisor
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: multiprocessing.process.BaseProcess
+    pid: int
+    ready_file: Path
+    started: float
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        config: Config,
+        listen: str,
+        health_listen: str,
+        control: Supervised,
+        counted: WorkerMetrics,
+    ):
+        self.config, self.listen, self.health_listen = config, listen, health_listen
+        self.control, self.counted = control, counted
+        self.run_dir = Path(config.server.cache_dir) / "workers"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.workers: dict[int, _Worker] = {}
+        self.restarts = 0
+        self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+
+    def start(self, index: int) -> None:
+        ready = self.run_dir / f"worker-{index}.ready.json"
+        ready.unlink(missing_ok=True)
+        process = self._context.Process(
+            target=worker_main,
+            name=f"tokenfeed-worker-{index}",
+            daemon=False,
+            args=(
+                self.config,
+                index,
+                self.listen,
+                self.health_listen,
+                str(self.control.path),
+                self.control.authkey,
+                str(ready),
+            ),
+        )
+        process.start()
+        if process.pid is None:  # start() returns once the child exists: never None here
+            raise RuntimeError(f"worker {index} has no process id after it started")
+        self.workers[index] = _Worker(index, process, process.pid, ready, time.monotonic())
+        log.info("worker %d started (pid %d)", index, process.pid)
+
+    async def wait_ready(self) -> None:
+        while not all(w.ready_file.exists() for w in self.workers.values()):
+            for w in self.workers.values():
+                if w.process.exitcode is not None or time.monotonic() - w.started > START_SECONDS:
+                    code = w.process.exitcode
+                    raise RuntimeError(
+                        f"worker {w.index} failed to start (exit code {code}); "
+                        "its log lines are above"
+                    )
+            await asyncio.sleep(0.02)
+
+    async def keep_alive(self) -> None:
+        """Replace a worker that exits (a crash, SIGKILL, out of memory) until cancelled."""
+        while True:
+            await asyncio.sleep(0.1)
+            for w in list(self.workers.values()):
+                if w.process.exitcode is not None:
+                    log.warning(
+                        "worker %d (pid %d) exited with %s; restarting it",
+                        w.index,
+                        w.pid,
+                        w.process.exitcode,
+                    )
+                    self.counted.retire(w.pid)
+                    self.restarts += 1
+                    await asyncio.sleep(RESTART_PAUSE_SECONDS)
+                    self.start(w.index)
+
+    async def stop(self) -> None:
+        """SIGTERM to every worker (each drains for grace_seconds), SIGKILL to stragglers."""
+        for w in self.workers.values():
+            if w.process.exitcode is None:
+                os.kill(w.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.server.grace_seconds + 10.0
+        while any(w.process.exitcode is None for w in self.workers.values()):
+            if time.monotonic() > deadline:
+                for w in self.workers.values():
+                    if w.process.exitcode is None:
+                        log.warning("worker %d did not drain in time; killing it", w.index)
+                        w.process.kill()
+                break
+            await asyncio.sleep(0.05)
+        for w in self.workers.values():
+            w.process.join(5.0)
+
+
+async def supervise(config: Config, ready_file: str | None = None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    check_budget(config)
+    jobs = build_jobs(config)
+    held, listen = reserve(config.server.listen)
+    held_health, health_listen = (
+        reserve(config.server.health_listen) if config.server.health_listen else (None, "")
+    )
+    counted = WorkerMetrics()
+    control = Supervised(
+        Path(config.server.cache_dir) / "control.sock", jobs, loop, on_metrics=counted.update
+    )
+    tokenize, tasks = start_builds(config, jobs)
+    http = (
+        start_http(config.server.metrics_listen, jobs, registry=counted)
+        if config.server.metrics_listen
+        else None
+    )
+    pool = WorkerPool(config, listen, health_listen, control, counted)
+    for i in range(config.server.workers):
+        pool.start(i)
+    try:
+        await pool.wait_ready()
+        log.info(
+            "serving %d job(s) %s on %s with %d workers",
+            len(jobs),
+            sorted(jobs),
+            listen,
+            len(pool.workers),
+        )
+        pids = [w.pid for w in pool.workers.values()]
+        write_ready(
+            ready_file,
+            {
+                "address": listen,
+                "pid": os.getpid(),
+                "workers": pids,
+                "metrics": http.address if http is not None else "",
+                "health": health_listen,
+            },
+        )
+        tasks.append(asyncio.create_task(pool.keep_alive()))
+        tasks.append(asyncio.create_task(_serving(jobs, stop)))
+        await stop.wait()
+    finally:
+        metrics.SERVING.set(0)  # draining
+        for task in tasks:
+            task.cancel()
+        await pool.stop()
+        for job in jobs.values():
+            job.cancel()
+        tokenize.shutdown(wait=True, cancel_futures=True)
+        control.close()
+        held.close()
+        if held_health is not None:
+            held_health.close()
+        if http is not None:
+            http.shutdown()
+    log.info("stopped")
+
+
+async def _serving(jobs: dict[str, Job], stop: asyncio.Event) -> None:
+    """The supervisor's `tokenfeed_serving`: 1 once its workers are up and every job can
+    serve its first step, the rule each worker's health follows (front.py)."""
+    await asyncio.gather(*(job.servable() for job in jobs.values()))
+    if not stop.is_set():
+        metrics.SERVING.set(1)
+
+
+# ------------------------------------------------------------------------ a worker
+
+
+def worker_main(
+    config: Config,
+    index: int,
+    listen: str,
+    health_listen: str,
+    control: str,
+    authkey: bytes,
+    ready_file: str,
+) -> None:
+    logs.configure(config.server.log_format)
+    uvloop.run(
+        _worker(config, index, listen, health_listen, SupervisorLink(control, authkey), ready_file)
+    )
+
+
+async def _worker(
+    config: Config,
+    index: int,
+    listen: str,
+    health_listen: str,
+    link: SupervisorLink,
+    ready_file: str,
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    parent = os.getppid()
+    store = StoreView(config.server.cache_dir)
+    storage = Storage(config.object_store)  # explain's reads only: no block cache here
+    jobs = {
+        spec.name: Job(spec, store, storage, None, link, config.server.stream_cache_bytes)
+        for spec in config.jobs
+    }
+    io = ThreadPoolExecutor(4, thread_name_prefix="chunk-io")
+    front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True)
+    await front.start()
+
+    def run(call, *args):
+        return loop.run_in_executor(io, call, *args)
+
+    async def every(seconds: float, call) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                call()
+            except SupervisorUnavailable:
+                pass
+            if os.getppid() != parent:  # the supervisor is gone: so is this worker's cache
+                log.error("worker %d: the supervisor exited; stopping", index)
+                stop.set()
+
+    async def push_metrics() -> None:
+        pid = os.getpid()
+        while True:
+            await asyncio.sleep(METRICS_SECONDS)
+            try:
+                await run(link.call, "metrics", pid, snapshot())
+            except SupervisorUnavailable:
+                pass
+
+    tasks = [asyncio.create_task(job.build_index(io, 2)) for job in jobs.values()]
+    tasks += [
+        asyncio.create_task(link.flush_forever(run)),
+        asyncio.create_task(push_metrics()),
+        asyncio.create_task(
+            every(FORGET_SECONDS, lambda: [j.rows.forget_gone() for j in jobs.values()])
+        ),
+        asyncio.create_task(front.serving(stop)),
+    ]
+    write_ready(ready_file, {"pid": os.getpid(), "address": front.address})
+    log.info("worker %d serving on %s", index, front.address)
+    await stop.wait()
+    await front.drain()
+    for task in tasks:
+        task.cancel()
+    io.shutdown(wait=False, cancel_futures=True)
+    log.info("worker %d stopped", index)

@@ -1,0 +1,1 @@
+"""Configuration: the config file into frozen, self-validating specs."""

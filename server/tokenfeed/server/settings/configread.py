@@ -1,0 +1,237 @@
+"""Reading a config file's raw values: each mapping with its key path, the keys each level
+knows (an unknown one is named with the closest known key), sizes, weights and paths.
+
+Every error raised here starts with the key path of the value (`jobs.demo.seq_len: ...`);
+configparse.py adds the file's name in front.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TypeAlias, TypeVar
+
+from tokenfeed.server.errors import ConfigError
+from tokenfeed.server.settings import configcheck as check
+
+T = TypeVar("T")
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+
+
+def join(where: str, key: str) -> str:
+    """The key path of `key` inside `where`: `jobs.demo` + `seq_len`, `sources` + `[1]`."""
+    if not key:
+        return where
+    if not where or key.startswith("["):
+        return f"{where}{key}"
+    return f"{where}.{key}"
+
+
+# ---------------------------------------------------------------- the keys each level knows
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A mapping with these keys, each with what its value holds (None: a plain value). A
+    value of another type (a string shorthand, a mistake) is left to the parser."""
+
+    known: Mapping[str, Node]
+
+
+@dataclass(frozen=True)
+class Named:
+    """A mapping of names the file chooses (jobs, datasets) to values like `item`."""
+
+    item: Node
+
+
+@dataclass(frozen=True)
+class Items:
+    """A list of values like `item`, or one such value alone."""
+
+    item: Node
+
+
+Node: TypeAlias = Keys | Named | Items | None
+
+
+def keys(*plain: str, **nested: Node) -> Keys:
+    """Keys with plain values, and keys holding further levels."""
+    return Keys({**dict.fromkeys(plain), **nested})
+
+
+def unknown_key(where: str, key: object, known: Iterable[str]) -> ConfigError:
+    names = sorted(known)
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(names)}"
+    return ConfigError(f"{join(where, str(key))}: unknown key; {hint}")
+
+
+def check_keys(raw: object, node: Node, where: str = "") -> None:
+    """Raise on the first unknown key, at any depth, before anything else is read: a typo is
+    named as a typo, not as the required key it failed to give. A level's own keys are
+    checked before the levels inside it."""
+    if isinstance(node, Keys) and isinstance(raw, dict):
+        for key in raw:
+            if key not in node.known:
+                raise unknown_key(where, key, node.known)
+        for key, value in raw.items():
+            check_keys(value, node.known[key], join(where, key))
+    elif isinstance(node, Named) and isinstance(raw, dict):
+        for key, value in raw.items():
+            check_keys(value, node.item, join(where, str(key)))
+    elif isinstance(node, Items):
+        if isinstance(raw, list):
+            for i, value in enumerate(raw):
+                check_keys(value, node.item, f"{where}[{i}]")
+        else:
+            check_keys(raw, node.item, where)
+
+
+# ---------------------------------------------------------------- one mapping's values
+
+
+class Section:
+    """One mapping of the raw config and its key path. The getters check only the type a
+    value is written with; ranges, choices and rules between fields are the specs' own."""
+
+    def __init__(self, raw: object, where: str) -> None:
+        if not isinstance(raw, dict):
+            # The file itself has no key path: its name alone goes in front (from_dict).
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}expected a mapping, got {type(raw).__name__} {raw!r}")
+        self.raw: dict[object, object] = raw
+        self.where = where
+        self.used: set[str] = set()
+
+    def path(self, key: str) -> str:
+        return join(self.where, key)
+
+    def has(self, key: str) -> bool:
+        return key in self.raw
+
+    def get(self, key: str, default: object = None) -> object:
+        self.used.add(key)
+        return self.raw.get(key, default)
+
+    def require(self, key: str) -> object:
+        self.used.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            raise ConfigError(f"{self.path(key)}: required")
+        return self.raw[key]
+
+    def _value(self, key: str, default: object) -> object:
+        return self.require(key) if default is None else self.get(key, default)
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """Required when there is no default."""
+        return check.integer(self.path(key), self._value(key, default))
+
+    def text(self, key: str, default: str | None = None) -> str:
+        """A non-empty string; required when there is no default."""
+        return check.text(self.path(key), self._value(key, default))
+
+    def optional_text(self, key: str) -> str | None:
+        return check.optional_text(self.path(key), self.get(key))
+
+    def token_id(self, key: str) -> int | None:
+        return check.token_id(self.path(key), self.get(key))
+
+    def flag(self, key: str, default: bool) -> bool:
+        return check.flag(self.path(key), self.get(key, default))
+
+    def number(self, key: str, default: float) -> float:
+        """As written (5 stays 5, so errors quote it so): the spec keeps it as a float."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise check.fail(self.path(key), "a number", value)
+        return value
+
+    def size(self, key: str, default: int) -> int:
+        return parse_size(self.get(key, default), self.path(key))
+
+    def fraction(self, key: str, default: Fraction) -> Fraction:
+        if not self.has(key):
+            self.used.add(key)
+            return default
+        return to_fraction(self.get(key), self.path(key))
+
+    def done(self) -> None:
+        """Every key given was read: check_keys and the parser agree on what a level holds."""
+        for key in self.raw:
+            if key not in self.used:
+                raise unknown_key(self.where, key, self.used)
+
+
+# ---------------------------------------------------------------- conversions and locations
+
+
+def parse_size(value: object, where: str) -> int:
+    """A size as the file writes it (`64MiB`, `1 GB`, 4096) in bytes, >= 1."""
+    if isinstance(value, bool):
+        raise check.fail(where, "a size such as 64MiB", value)
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        size = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    else:
+        raise check.fail(where, "a size such as 64MiB", value)
+    if size < 1:
+        raise check.fail(where, "a size >= 1 byte", value)
+    return size
+
+
+def to_fraction(value: object, where: str) -> Fraction:
+    """A non-negative exact rational: 3, 0.7 (read as the decimal 7/10) or "1/3"."""
+    frac: Fraction | None = None
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            frac = Fraction(str(value))
+        except (ValueError, ZeroDivisionError):
+            frac = None
+    if frac is None or frac < 0 or not math.isfinite(float(frac)):
+        raise check.fail(where, 'a weight >= 0 (3, 0.7 or "1/3")', value)
+    return frac
+
+
+def resolve(path: str, base: Path) -> str:
+    """A path relative to the config file's directory; URIs as they are."""
+    if "://" in path:
+        return path
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else (base / p))
+
+
+def same(field: str) -> str:
+    return field
+
+
+def build(where: str, make: Callable[[], T], key: Callable[[str], str] = same) -> T:
+    """`make()` constructs one spec; an error of its checks names one of its fields
+    (`seq_len: ...`) and is raised again naming where that value is in the file:
+    `where` joined with `key(field)` ("" for `where` itself)."""
+    try:
+        return make()
+    except ConfigError as e:
+        field, sep, reason = str(e).partition(": ")
+        if not sep:
+            raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{join(where, key(field))}: {reason}") from None

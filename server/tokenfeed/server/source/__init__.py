@@ -1,0 +1,1 @@
+"""Sources cut into chunks known from a listing, and one chunk's records read."""

@@ -1,0 +1,1 @@
+"""Text into token ids: a tokenizer.json loaded, and the exact fast engine."""
