@@ -14,6 +14,7 @@ ids (1 for the first document piece in the row, 2 for the next, ...).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -201,8 +202,9 @@ def assemble_concat(
         at = slots[pc.row] * (seq_len + 1) + pc.at
         groups = pc.epoch * (int(pc.chunk.max()) + 1) + pc.chunk
         order = np.argsort(groups, kind="stable")
-        bounds = np.flatnonzero(np.diff(groups[order])) + 1
-        for sel in np.split(order, bounds):  # one call per (epoch, chunk)
+        bounds = [0, *(np.flatnonzero(np.diff(groups[order])) + 1).tolist(), len(order)]
+        for a, b in itertools.pairwise(bounds):  # one call per (epoch, chunk)
+            sel = order[a:b]
             e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
             found.append(
                 copy_pieces(

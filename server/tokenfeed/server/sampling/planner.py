@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from tokenfeed.server.settings.config import JobSpec
 
 MAX_STEP = 2**62
+# (epoch, chunk) packed into one int64 as epoch * this + chunk: chunks of a dataset stay far
+# below 2**40 (a trillion), epochs below 2**23.
+CHUNKS_PER_EPOCH_KEY = 2**40
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,11 @@ class Planner:
         """The (dataset, epoch, chunk) stretches a plan reads."""
         out: set[tuple[int, int, int]] = set()
         for p in plan.parts:
-            pairs = zip(p.pieces.epoch.tolist(), p.pieces.chunk.tolist(), strict=True)
-            out.update((p.dataset, e, c) for e, c in pairs)
+            # A batch's pieces come from a few chunks: deduplicated in numpy, not per piece.
+            both = np.unique(p.pieces.epoch * CHUNKS_PER_EPOCH_KEY + p.pieces.chunk).tolist()
+            out.update(
+                (p.dataset, k // CHUNKS_PER_EPOCH_KEY, k % CHUNKS_PER_EPOCH_KEY) for k in both
+            )
         return out
 
     def layout(self, d: int, epoch: int) -> order.EpochLayout:
