@@ -212,7 +212,11 @@ class _Builders:
     def __init__(self, job: Job, todo: list[tuple[int, int]], pool: cf.ProcessPoolExecutor | None):
         self.job, self.pool = job, pool
         self.pending = collections.deque(todo)
-        self.results: queue.Queue[tuple[str, object]] = queue.Queue()
+        # What the builders hand the main thread, tagged by kind: ("done", Done) from this
+        # process's builders, ("failed", exception), ("ready" | "worker", cf.Future[Done]).
+        self.results: queue.Queue[
+            tuple[str, Done | BaseException | cf.Future[Done] | cf.Future[None]]
+        ] = queue.Queue()
         self.futures: set[cf.Future] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -272,11 +276,11 @@ class _Builders:
         """The next chunk built, by this process or a worker; raises what a build raised."""
         while True:
             kind, value = self.results.get()
-            if kind == "failed":
-                raise value  # type: ignore[misc]
-            if kind == "done":
-                return value  # type: ignore[return-value]
-            future: cf.Future = value  # type: ignore[assignment]
+            if isinstance(value, BaseException):  # "failed"
+                raise value
+            if not isinstance(value, cf.Future):  # "done"
+                return value
+            future = value
             self.futures.discard(future)
             if kind == "ready":
                 future.result()  # a worker that could not start: BrokenProcessPool
@@ -284,6 +288,8 @@ class _Builders:
                 continue
             done = future.result()
             self._submit()
+            if done is None:  # only "ready" futures carry None
+                raise RuntimeError(f"a build worker's future of kind {kind!r} held no chunk")
             return done
 
     def stop(self) -> None:

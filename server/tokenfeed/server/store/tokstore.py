@@ -329,4 +329,5 @@ class StoreView(TokenStore):
     def put_encoded(self, chunk: EncodedChunk, body: bool = True) -> ChunkIndex:
         raise StoreCorruptError("a serving worker never writes the token store")
 
-    put_manifest = put_encoded  # type: ignore[assignment]
+    def put_manifest(self, key: str, manifest_bytes: bytes) -> ChunkIndex:
+        raise StoreCorruptError("a serving worker never writes the token store")
