@@ -93,7 +93,7 @@ def measure(
     for step in range(-(-end_row // BATCH)):
         plan = job.plan(step, 0, 1)
         for part in plan.parts:
-            pc = part.pieces
+            pc = job.planner.pieces(part)
             row = part.slots[pc.row] + step * BATCH
             inputs = np.minimum(pc.hi, pc.lo + np.maximum(seq_len - pc.at, 0)) - pc.lo
             keep = (row < end_row) & (pc.epoch == 0)

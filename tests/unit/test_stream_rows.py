@@ -3,7 +3,8 @@
 The reference lays out epoch after epoch by hand (chunks in the epoch's order, each chunk's
 documents in the epoch's order, `[BOS] doc EOS` segments), cuts row r as stream[r*L : r*L+L+1]
 and serves the rows that start in each window in that window's keyed order. The code under test
-locates the same rows from prefix sums alone (order.py) and fills them piece by piece
+locates the same rows from prefix sums alone (order.py) and copies each from the row buffer of
+the chunk it starts in: the chunk's stream and the tail its last row reads on into
 (packing.py). Every token of every epoch must be an input of exactly one row.
 """
 
@@ -63,17 +64,37 @@ class Corpus:
         for e in np.unique(epochs):
             sel = epochs == e
             natural[sel] = order.natural_rows(self.layout(int(e)), served[sel])
-        pieces = order.locate_units(
-            natural * self.seq_len, self.seq_len + 1, self.total, self.layout
-        )
-        ids, starts = packing.assemble_concat(
+        starts = order.locate_starts(natural * self.seq_len, self.total, self.layout)
+        ids, cols, splits = packing.assemble_rows(
             len(served),
             self.seq_len,
-            [(0, np.arange(len(served)), pieces)],
-            self.stream,
-            lambda d, e, c: packing.materialise(self.stream(d, e, c), self.chunks[c][0], BOS, EOS),
+            [(0, np.arange(len(served)), starts.epoch, starts.chunk, starts.lo)],
+            self.buffer,
         )
-        return packing.concat_tensors(ids, packing.starts_mask(starts, ids.shape), self.seq_len)
+        mask = np.zeros(ids.shape, dtype=bool)
+        mask[np.repeat(np.arange(len(served)), np.diff(splits)), cols] = True
+        return packing.concat_tensors(ids, mask, self.seq_len)
+
+    def buffer(self, _dataset, epoch: int, c: int) -> packing.RowBuffer:
+        """Chunk c's row buffer: its stream, then the tail its last row reads past its end,
+        copied piece by piece from the chunks after it (or cut from their row buffers)."""
+        position = int(np.flatnonzero(self.layout(epoch).chunk_order == c)[0])
+        tail = order.chunk_tail(
+            self.layout(epoch), position, self.total, self.seq_len, self.seq_len + 1, self.layout
+        )
+        pieces = []
+        cols = (tail.epoch, tail.chunk, tail.lo, tail.hi)
+        for e, k, lo, hi in zip(*(a.tolist() for a in cols), strict=True):
+            whole = packing.stream_slice(
+                self.stream(0, e, k), self.chunks[k][0], 0, self.stream(0, e, k).total, BOS, EOS
+            )
+            direct = packing.stream_slice(self.stream(0, e, k), self.chunks[k][0], lo, hi, BOS, EOS)
+            cut = whole.cut(lo, hi)
+            assert np.array_equal(cut.ids, direct.ids) and np.array_equal(cut.starts, direct.starts)
+            pieces.append(cut if (e + k) % 2 else direct)
+        return packing.row_buffer(
+            self.stream(0, epoch, c), self.chunks[c][0], pieces, BOS, EOS, np.int32
+        )
 
     # -- the reference ----------------------------------------------------------------
     def epoch_stream(self, epoch: int) -> tuple[list[int], list[bool]]:

@@ -28,6 +28,11 @@ class LRU(Generic[K, V]):
         with self._lock:
             return key in self._items
 
+    def peek(self, key: K) -> V | None:
+        """The value of `key` if present (its recency unchanged), else None."""
+        with self._lock:
+            return self._items.get(key)
+
     def keys(self) -> list[K]:
         with self._lock:
             return list(self._items)

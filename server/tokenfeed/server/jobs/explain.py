@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def explain_rows(job: Job, plan: Plan) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [{} for _ in range(plan.rows)]
     for part in plan.parts:
-        d, pc = part.dataset, part.pieces
+        d, pc = part.dataset, job.planner.pieces(part)
         idx = job.indexes[d]
         for slot, epoch in zip(part.slots.tolist(), part.epochs.tolist(), strict=True):
             rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch, "pieces": []}

@@ -71,7 +71,9 @@ class Job:
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
         self.planner = Planner(spec, self.indexes, self.schedule)
-        self.rows = Assembler(spec, self.indexes, store, self.fail, stream_cache_bytes)
+        self.rows = Assembler(
+            spec, self.indexes, store, self.fail, stream_cache_bytes, self.planner.chunk_tail
+        )
         self._ready = asyncio.Event()
         self._fingerprint = ""
         self.progress = Progress()
@@ -305,7 +307,10 @@ class Job:
             )
         return self.planner.plan_steps(steps, rank, world_size)
 
-    plan_chunks = staticmethod(Planner.plan_chunks)
+    def plan_chunks(self, plan: Plan) -> set[tuple[int, int, int]]:
+        return self.planner.plan_chunks(plan)
+
+    split_plan = staticmethod(Planner.split)
 
     def layout(self, d: int, epoch: int) -> order.EpochLayout:
         return self.planner.layout(d, epoch)

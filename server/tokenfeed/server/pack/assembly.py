@@ -3,9 +3,11 @@ thread: `open_chunks`), then the pure packing functions assemble the rows from t
 tokens, in the wire's dtype.
 
 Under concat each (dataset, epoch, chunk) stream is laid out once in the epoch's order of the
-chunk's documents (`server.stream_cache_bytes`), so a row is a slice copy per chunk it
-touches. What is served is always copied from a chunk verified at the time of the copy: damage
-to a body under a running server is found then, and the chunk rebuilt, never served.
+chunk's documents, followed by the units its last row reads past the chunk's end: its row
+buffer (`server.stream_cache_bytes`), so every row is one slice copy of the buffer of the
+chunk it starts in. What is served is always copied from a chunk verified at the time of the
+copy: damage to a body under a running server is found then, and the chunk rebuilt, never
+served.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
 from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.planner import Plan, Planner
+from tokenfeed.server.sampling.planner import Plan
 
 if TYPE_CHECKING:
     from tokenfeed.server.indexing.index import DatasetIndex
@@ -39,18 +41,20 @@ class Assembler:
         store: TokenStore,
         fail: Callable[[str], None],
         stream_cache_bytes: int,
+        tail: Callable[[int, int, int], order.Pieces],
     ):
         self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
+        self._tail = tail  # (dataset, epoch, position) -> what a row buffer holds past its chunk
         self.tokenizer: TextTokenizer | None = None  # set once the job's tokenizer is loaded
         # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
         # per (dataset, chunk).
         self._streams: LRU[tuple[int, int, int], packing.ChunkStream] = LRU(512)
         self._layouts: LRU[tuple[int, int], bestfit.BestFitLayout] = LRU(512)
         self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
-        # Concat streams materialised per (dataset, epoch, chunk): a row is then one slice copy
-        # per chunk it touches (bench/, wire section: [32, 4096] batches at about 3x the rate of
-        # gathering token by token), for this much memory.
-        self.materialised: LRU[tuple[int, int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
+        # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
+        # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
+        self.buffers: LRU[tuple[int, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
+        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
         store.cache.on_evict(self._forget)
 
     @property
@@ -66,8 +70,9 @@ class Assembler:
     # ---------------------------------------------------------------- chunks of a plan
 
     def chunk_keys(self, plan: Plan) -> list[tuple[str, str]]:
-        """The cache entries a plan reads, to pin while it is served."""
-        needed = {(d, c) for d, _, c in Planner.plan_chunks(plan)}
+        """The cache entries of the chunks a plan's rows start in, to pin while it is served
+        (the chunks of a row buffer's tail are pinned while the buffer is made)."""
+        needed = {(d, c) for d, _, c, _ in plan.buffers}
         return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
 
     def pinned(self, plan: Plan):
@@ -75,16 +80,15 @@ class Assembler:
 
     async def open_chunks(self, plan: Plan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
-        needed = Planner.plan_chunks(plan)
-        missing: list[Callable[[], np.ndarray]]
-        if self.spec.packing == "concat":  # opened and laid out in the epoch's order
+        missing: list[Callable[[], object]]
+        if self.spec.packing == "concat":  # laid out in the epoch's order, with their tails
             missing = [
-                partial(self.stream_ids, *key)
-                for key in needed
-                if not self.materialised.contains(key)
+                partial(self.row_buffer, *key)
+                for key in plan.buffers
+                if not self.buffers.contains(key[:3])
             ]
         else:
-            chunks = {(d, c) for d, _, c in needed if not self.materialised.contains((d, -1, c))}
+            chunks = {(d, c) for d, _, c, _ in plan.buffers if not self.tokens.contains((d, c))}
             missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
         if missing:
             loop = asyncio.get_running_loop()
@@ -108,15 +112,16 @@ class Assembler:
             return first_epoch, wire.compact_from_tensors(
                 self._assemble_bestfit(plan), self.wire_dtype
             )
-        ids, starts = packing.assemble_concat(
+        positions = {(d, e, c): p for d, e, c, p in plan.buffers}
+        ids, starts, splits = packing.assemble_rows(
             plan.rows,
             self.spec.seq_len,
-            [(p.dataset, p.slots, p.pieces) for p in plan.parts],
-            self.stream,
-            self.stream_ids,
+            [(p.dataset, p.slots, p.starts.epoch, p.starts.chunk, p.starts.lo) for p in plan.parts],
+            lambda d, e, c: self.row_buffer(d, e, c, positions[d, e, c]),
             self.wire_dtype,
         )
-        return first_epoch, wire.compact_from_flat_starts(ids, starts)
+        pdtype = wire.position_dtype(self.spec.seq_len)
+        return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
 
     def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
         """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
@@ -140,7 +145,7 @@ class Assembler:
             name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES
         }
         for part in plan.parts:
-            pc = part.pieces  # one piece per row: `lo` is the row within its chunk
+            pc = part.starts  # a best_fit unit is a row: `lo` is the row within its chunk
             for c in dict.fromkeys(pc.chunk.tolist()):
                 sel = pc.chunk == c
                 chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c)
@@ -156,7 +161,7 @@ class Assembler:
                     t.eos_id,
                 )
                 for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
-                    out[name][part.slots[pc.row[sel]]] = arr
+                    out[name][part.slots[sel]] = arr
         return out
 
     # ---------------------------------------------------------------- opened chunks
@@ -206,20 +211,47 @@ class Assembler:
 
         return self._streams.get_or_make((d, epoch, c), make)
 
-    def stream_ids(self, d: int, epoch: int, c: int) -> np.ndarray:
-        """Chunk c's concat stream in `epoch`, token by token, in the wire's dtype."""
+    def row_buffer(self, d: int, epoch: int, c: int, position: int) -> packing.RowBuffer:
+        """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
+        concat stream and its tail, in the wire's dtype."""
 
-        def make() -> np.ndarray:
-            t = self.loaded_tokenizer
-            return packing.materialise(
+        def make() -> packing.RowBuffer:
+            t, pc = self.loaded_tokenizer, self._tail(d, epoch, position)
+            keys = [("chunk", self.indexes[d].keys[k]) for k in pc.chunk.tolist()]
+            with self.store.cache.pinned(keys):
+                tail = [
+                    self._tail_piece(d, e, k, lo, hi)
+                    for e, k, lo, hi in zip(
+                        pc.epoch.tolist(),
+                        pc.chunk.tolist(),
+                        pc.lo.tolist(),
+                        pc.hi.tolist(),
+                        strict=True,
+                    )
+                ]
+            return packing.row_buffer(
                 self.stream(d, epoch, c),
                 self._verified(d, c).tokens,
+                tail,
                 t.bos_id,
                 t.eos_id,
                 self.wire_dtype,
             )
 
-        return self.materialised.get_or_make((d, epoch, c), make)
+        return self.buffers.get_or_make((d, epoch, c), make)
+
+    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
+        """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
+        is laid out (copied from a verified chunk then), else copied from the chunk verified
+        now. Both are the same bytes."""
+        laid_out = self.buffers.peek((d, epoch, c))
+        if laid_out is not None:
+            return laid_out.cut(lo, hi)
+        t = self.loaded_tokenizer
+        tokens = self._verified(d, c).tokens
+        return packing.stream_slice(
+            self.stream(d, epoch, c), tokens, lo, hi, t.bos_id, t.eos_id, self.wire_dtype
+        )
 
     def _verified(self, d: int, c: int) -> TokenChunk:
         """Chunk c opened with its digests checked now, whatever was checked before: what is
@@ -231,9 +263,7 @@ class Assembler:
 
     def bestfit_tokens(self, d: int, c: int) -> np.ndarray:
         """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
-        return self.materialised.get_or_make(
-            (d, -1, c), lambda: np.array(self._verified(d, c).tokens)
-        )
+        return self.tokens.get_or_make((d, c), lambda: np.array(self._verified(d, c).tokens))
 
     def bestfit_layout(self, d: int, c: int) -> bestfit.BestFitLayout:
         # best-fit rows do not depend on the epoch's document order (the rows are permuted)

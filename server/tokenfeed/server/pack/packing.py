@@ -15,8 +15,9 @@ ids (1 for the first document piece in the row, 2 for the next, ...).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -146,78 +147,104 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
     }
 
 
-def materialise(
+@dataclass(frozen=True)
+class RowBuffer:
+    """Stream positions laid out as token ids (in the wire's dtype), with the sorted positions
+    in them where a document's segment starts. A chunk's row buffer is its whole concat stream
+    in one epoch followed by its tail (the units its last row reads past the chunk's end,
+    order.chunk_tail): every row starting in the chunk is then one slice of it."""
+
+    ids: np.ndarray
+    starts: Int64s
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ids.nbytes + self.starts.nbytes)
+
+    def cut(self, lo: int, hi: int) -> RowBuffer:
+        """Positions [lo, hi) of this buffer (views)."""
+        a, b = np.searchsorted(self.starts, [lo, hi], side="left").tolist()
+        return RowBuffer(self.ids[lo:hi], self.starts[a:b] - lo)
+
+
+def stream_slice(
     stream: ChunkStream,
     tokens: np.ndarray,
+    lo: int,
+    hi: int,
     bos_id: int,
     eos_id: int,
     dtype: np.dtype | type = np.int32,
-) -> np.ndarray:
-    """A chunk's whole concat stream as one array (its documents in the stream's order, with
-    BOS and EOS): a row's tokens are then plain slices of it."""
-    out = np.empty(stream.total, dtype=dtype)
-    zero = np.zeros(1, dtype=np.int64)
-    fill_concat(stream, tokens, zero, np.array([stream.total]), zero, bos_id, eos_id, out)
-    return out
+) -> RowBuffer:
+    """Stream positions [lo, hi) of one chunk, laid out."""
+    ids = np.empty(hi - lo, dtype=dtype)
+    one = partial(np.full, 1, dtype=np.int64)
+    starts = fill_concat(stream, tokens, one(lo), one(hi), one(0), bos_id, eos_id, ids)
+    return RowBuffer(ids, starts)
 
 
-def copy_pieces(
+def row_buffer(
     stream: ChunkStream,
-    ids: np.ndarray,
-    lo: Int64s,
-    hi: Int64s,
-    at: Int64s,
-    out: np.ndarray,
-) -> Int64s:
-    """Copy stream positions [lo[i], hi[i]) of a materialised stream `ids` to the flat `out`
-    from at[i]; return the flat indices where a document's segment begins."""
-    for a, b, d in zip(lo.tolist(), hi.tolist(), at.tolist(), strict=True):
-        out[d : d + b - a] = ids[a:b]
-    first = np.searchsorted(stream.seg_starts, lo, side="left")
-    count = np.searchsorted(stream.seg_starts, hi, side="left") - first
-    total = int(count.sum())
-    idx: Int64s = np.arange(total) + np.repeat(first - (np.cumsum(count) - count), count)
-    return stream.seg_starts[idx] + np.repeat(at - lo, count)
+    tokens: np.ndarray,
+    tail: Sequence[RowBuffer],
+    bos_id: int,
+    eos_id: int,
+    dtype: np.dtype | type = np.int32,
+) -> RowBuffer:
+    """A chunk's row buffer: its whole stream laid out (its documents in the stream's order,
+    with BOS and EOS), then the pieces of its tail, in order."""
+    total = stream.total
+    ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
+    one = partial(np.full, 1, dtype=np.int64)
+    found = [fill_concat(stream, tokens, one(0), one(total), one(0), bos_id, eos_id, ids)]
+    at = total
+    for t in tail:
+        ids[at : at + len(t.ids)] = t.ids
+        found.append(t.starts + at)
+        at += len(t.ids)
+    return RowBuffer(ids, np.concatenate(found))
 
 
-def assemble_concat(
+def assemble_rows(
     rows: int,
     seq_len: int,
-    parts: list[tuple[Any, np.ndarray, Any]],
-    stream: Callable[[Any, int, int], ChunkStream],
-    stream_ids: Callable[[Any, int, int], np.ndarray],
+    parts: Iterable[tuple[Any, np.ndarray, Int64s, Int64s, Int64s]],
+    buffer: Callable[[Any, int, int], RowBuffer],
     dtype: np.dtype | type = np.int32,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, Int64s, npt.NDArray[np.int32]]:
     """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
-    and the sorted flat indices of document starts of `rows` rows made of pieces of chunk
-    streams. `parts` holds (dataset, slots, pieces) triples: order.Pieces whose `row` indexes
-    `slots`, the rows' places in the batch; `stream(dataset, epoch, chunk)` gives a chunk's
-    stream in that epoch and `stream_ids(dataset, epoch, chunk)` the same, materialised."""
-    ids = np.empty((rows, seq_len + 1), dtype=dtype)
-    flat = ids.reshape(-1)
-    found = []
-    for dataset, slots, pc in parts:
-        if not pc.chunk.size:
+    and the document starts inside each row (positions 1 .. seq_len - 1, row after row, with
+    row splits: the wire's form) of rows that are each one slice of a row buffer. `parts`
+    holds (dataset, slots, epochs, chunks, los): row i of a part fills place slots[i] of the
+    batch with positions [los[i], los[i] + seq_len + 1) of `buffer(dataset, epochs[i],
+    chunks[i])`. Per batch: one slice copy per row and two binary searches per buffer."""
+    span = seq_len + 1
+    ids = np.empty((rows, span), dtype=dtype)
+    found: list[Int64s] = [_NO_STARTS] * rows
+    for dataset, slots, epochs, chunks, los in parts:
+        if not len(slots):
             continue
-        at = slots[pc.row] * (seq_len + 1) + pc.at
-        groups = pc.epoch * (int(pc.chunk.max()) + 1) + pc.chunk
-        order = np.argsort(groups, kind="stable")
-        bounds = [0, *(np.flatnonzero(np.diff(groups[order])) + 1).tolist(), len(order)]
-        for a, b in itertools.pairwise(bounds):  # one call per (epoch, chunk)
+        keys = epochs * (int(chunks.max()) + 1) + chunks
+        order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
+        bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()]
+        for a, b in itertools.pairwise([*bounds, len(order)]):  # one pass per buffer
             sel = order[a:b]
-            e, c = int(pc.epoch[sel[0]]), int(pc.chunk[sel[0]])
-            found.append(
-                copy_pieces(
-                    stream(dataset, e, c),
-                    stream_ids(dataset, e, c),
-                    pc.lo[sel],
-                    pc.hi[sel],
-                    at[sel],
-                    flat,
-                )
-            )
-    starts = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-    return ids, starts
+            buf = buffer(dataset, int(epochs[sel[0]]), int(chunks[sel[0]]))
+            lo = los[sel]
+            first = np.searchsorted(buf.starts, lo, side="right")  # starts after the row's
+            last = np.searchsorted(buf.starts, lo + seq_len, side="left")  # among its inputs
+            for slot, x, i, j in zip(
+                slots[sel].tolist(), lo.tolist(), first.tolist(), last.tolist(), strict=True
+            ):
+                ids[slot] = buf.ids[x : x + span]
+                found[slot] = buf.starts[i:j] - x
+    splits = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum([len(f) for f in found], out=splits[1:])
+    return ids, np.concatenate(found), splits
+
+
+_NO_STARTS: Int64s = np.zeros(0, dtype=np.int64)
 
 
 def concat_pieces(

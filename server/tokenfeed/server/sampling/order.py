@@ -262,6 +262,60 @@ def locate_units(
     return Pieces(*cols)
 
 
+@dataclass(frozen=True)
+class RowStarts:
+    """Where stretches of the stream start: stretch i begins at unit lo[i] of the chunk at
+    `position[i]` of epoch `epoch[i]`'s order, chunk `chunk[i]`."""
+
+    epoch: np.ndarray
+    position: np.ndarray
+    chunk: np.ndarray
+    lo: np.ndarray
+
+
+def locate_starts(
+    starts: np.ndarray, units_per_epoch: int, layout: Callable[[int], EpochLayout]
+) -> RowStarts:
+    """The chunk in which each stream unit `starts[i]` lies: one binary search per epoch the
+    starts fall in (a served row is then one slice of its first chunk's row buffer, which
+    holds the units its last row reads past the chunk's end: `chunk_tail`)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    epochs = starts // units_per_epoch if units_per_epoch else np.zeros_like(starts)
+    position, chunk, lo = np.empty_like(starts), np.empty_like(starts), np.empty_like(starts)
+    distinct = dict.fromkeys(epochs.tolist())
+    for e in distinct:
+        sel = slice(None) if len(distinct) == 1 else epochs == e
+        lay = layout(int(e))
+        offset = starts[sel] - int(e) * units_per_epoch
+        p = np.searchsorted(lay.units_cum, offset, side="right") - 1
+        if p.size and (p.max() >= len(lay.chunk_order) or p.min() < 0):
+            raise ValueError(f"units outside epoch {e} (not built yet?)")
+        position[sel], chunk[sel], lo[sel] = p, lay.chunk_order[p], offset - lay.units_cum[p]
+    return RowStarts(epochs, position, chunk, lo)
+
+
+def chunk_tail(
+    lay: EpochLayout,
+    position: int,
+    units_per_epoch: int,
+    per_row: int,
+    span: int,
+    layout: Callable[[int], EpochLayout],
+) -> Pieces:
+    """The pieces of later chunks (of this window, the next ones, or the next epoch) that the
+    last row starting in the chunk at `position` reads past the chunk's end: what its row
+    buffer holds after the chunk's own units, so that each row starting in it is one slice.
+    Empty when no row starts in the chunk or its last row ends inside it."""
+    base = lay.epoch * units_per_epoch
+    begin, end = base + int(lay.units_cum[position]), base + int(lay.units_cum[position + 1])
+    last = first_row(end, per_row) - 1  # the last row starting before the chunk's end
+    need = last * per_row + span - end
+    if last * per_row < begin or need <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Pieces(empty, empty, empty, empty, empty, empty)
+    return locate_units(np.array([end], dtype=np.int64), need, units_per_epoch, layout)
+
+
 def document_order(num_docs: int, seed: int, dataset: str, epoch: int, chunk: int) -> np.ndarray:
     """The order in which a chunk's documents are packed in one epoch."""
     if num_docs == 0:

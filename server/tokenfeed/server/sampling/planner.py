@@ -2,12 +2,15 @@
 epoch layouts, no data read.
 
 A plan names, for each row of one rank's batch (or of several steps' batches, one after
-another), the dataset it comes from, the epoch it starts in and the pieces of chunks its units
-are (order.Pieces). Planning is O(rows of the batch · log chunks), whatever the corpus size.
+another), the dataset it comes from, the epoch it starts in, and the chunk and unit it starts
+at (order.RowStarts): a served row is one slice of that chunk's row buffer, which holds the
+units its last row reads past the chunk's end (order.chunk_tail). Planning is O(rows of the
+batch · log chunks), whatever the corpus size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
@@ -31,18 +34,21 @@ CHUNKS_PER_EPOCH_KEY = 2**40
 @dataclass(frozen=True)
 class PlanPart:
     """The rows of one dataset in one rank's batch: `slots` are their places in the batch,
-    `epochs` the epoch each starts in, `pieces` where their units live (order.Pieces, whose
-    `row` indexes `slots`)."""
+    `epochs` the epoch each starts in, `units` the stream unit each starts at, `starts` the
+    chunk it starts in (order.RowStarts; a row is one slice of that chunk's row buffer)."""
 
     dataset: int
     slots: np.ndarray
     epochs: np.ndarray
-    pieces: order.Pieces
+    units: np.ndarray
+    starts: order.RowStarts
 
 
 class Plan(NamedTuple):
     rows: int  # rows of the rank's batch (of all its steps' batches)
     parts: list[PlanPart]
+    # (dataset, epoch, chunk, position) of each chunk a row starts in: the row buffers read
+    buffers: frozenset[tuple[int, int, int, int]]
 
 
 class Planner:
@@ -87,12 +93,56 @@ class Planner:
             mine = np.nonzero(datasets == d)[0]
             rows = dataset_rows[mine]
             # The first step that needs a row not built yet is the one that waits.
-            epochs, pieces = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
-            parts.append(PlanPart(d, mine, epochs, pieces))
-        return Plan(per_rank * len(steps), parts)
+            epochs, units = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
+            starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
+            parts.append(PlanPart(d, mine, epochs, units, starts))
+        return Plan(per_rank * len(steps), parts, self._buffers(parts))
 
-    def locate(self, d: int, rows: np.ndarray, step: int) -> tuple[np.ndarray, order.Pieces]:
-        """(epoch of each row, the pieces of chunks they read) for rows of dataset `d`."""
+    @staticmethod
+    def split(plan: Plan, steps: int, per: int) -> list[Plan]:
+        """A plan of `steps` steps (plan_steps) cut into plans of `per` steps each, the last
+        maybe fewer: a stream plans several steps in one pass and assembles them a few at a
+        time. Each keeps the whole plan's `buffers` (a superset of what it reads)."""
+        if per >= steps:
+            return [plan]
+        per_step = plan.rows // steps
+        out = []
+        for first in range(0, steps, per):
+            lo, hi = first * per_step, min(steps, first + per) * per_step
+            parts = []
+            for p in plan.parts:  # each part's slots ascend: a step's rows are one stretch
+                a, b = np.searchsorted(p.slots, [lo, hi]).tolist()
+                s = p.starts
+                parts.append(
+                    PlanPart(
+                        p.dataset,
+                        p.slots[a:b] - lo,
+                        p.epochs[a:b],
+                        p.units[a:b],
+                        order.RowStarts(s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]),
+                    )
+                )
+            out.append(Plan(hi - lo, parts, plan.buffers))
+        return out
+
+    @staticmethod
+    def _buffers(parts: list[PlanPart]) -> frozenset[tuple[int, int, int, int]]:
+        out: set[tuple[int, int, int, int]] = set()
+        for p in parts:
+            # A batch's rows start in a few chunks: deduplicated in numpy, not per row.
+            s = p.starts
+            keys, first = np.unique(s.epoch * CHUNKS_PER_EPOCH_KEY + s.position, return_index=True)
+            out.update(
+                (p.dataset, k // CHUNKS_PER_EPOCH_KEY, c, k % CHUNKS_PER_EPOCH_KEY)
+                for k, c in zip(keys.tolist(), s.chunk[first].tolist(), strict=True)
+            )
+        return frozenset(out)
+
+    def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:
+        return partial(self.layout, d)
+
+    def locate(self, d: int, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch of each row, the stream unit it starts at) for rows of dataset `d`."""
         idx = self.indexes[d]
         if idx.ready:
             epochs = order.epoch_of_row(rows, idx.units_per_epoch, idx.per_row)
@@ -102,17 +152,45 @@ class Planner:
                 raise NotBuiltError(idx.not_built(self.name, step, need))
             epochs = np.zeros(len(rows), dtype=np.int64)
         natural = np.empty_like(rows)
-        for epoch in dict.fromkeys(epochs.tolist()):
-            sel = epochs == epoch
+        distinct = dict.fromkeys(epochs.tolist())
+        for epoch in distinct:
+            sel = slice(None) if len(distinct) == 1 else epochs == epoch
             natural[sel] = order.natural_rows(
                 self.layout(d, epoch),
                 rows[sel],
                 partial(self.window_perm, d, epoch),
             )
-        pieces = order.locate_units(
-            natural * idx.per_row, idx.span, idx.units_per_epoch, lambda e: self.layout(d, e)
+        return epochs, natural * idx.per_row
+
+    def pieces(self, part: PlanPart) -> order.Pieces:
+        """The pieces of chunks a part's rows are made of (`row` indexes its slots), for
+        provenance and accounting; serving reads the row buffers instead."""
+        idx, d = self.indexes[part.dataset], part.dataset
+        return order.locate_units(part.units, idx.span, idx.units_per_epoch, self._lay(d))
+
+    def plan_chunks(self, plan: Plan) -> set[tuple[int, int, int]]:
+        """The (dataset, epoch, chunk) stretches whose units a plan's rows read."""
+        out: set[tuple[int, int, int]] = set()
+        for part in plan.parts:
+            pc = self.pieces(part)
+            both = np.unique(pc.epoch * CHUNKS_PER_EPOCH_KEY + pc.chunk).tolist()
+            out.update(
+                (part.dataset, k // CHUNKS_PER_EPOCH_KEY, k % CHUNKS_PER_EPOCH_KEY) for k in both
+            )
+        return out
+
+    def chunk_tail(self, d: int, epoch: int, position: int) -> order.Pieces:
+        """What the row buffer of the chunk at `position` of `epoch` holds past the chunk's
+        end (order.chunk_tail)."""
+        idx = self.indexes[d]
+        return order.chunk_tail(
+            self.layout(d, epoch),
+            position,
+            idx.units_per_epoch,
+            idx.per_row,
+            idx.span,
+            self._lay(d),
         )
-        return epochs, pieces
 
     def chunks_of_steps(self, first: int, end: int) -> set[tuple[int, int]]:
         """The (dataset, chunk) pairs that the whole global batches of steps [first, end)
@@ -124,20 +202,10 @@ class Planner:
                 rows.setdefault(d, []).append(dataset_rows[datasets == d])
         out: set[tuple[int, int]] = set()
         for d, found in rows.items():
-            _, pieces = self.locate(d, np.concatenate(found), first)
+            idx = self.indexes[d]
+            _, units = self.locate(d, np.concatenate(found), first)
+            pieces = order.locate_units(units, idx.span, idx.units_per_epoch, self._lay(d))
             out.update((d, c) for c in np.unique(pieces.chunk).tolist())
-        return out
-
-    @staticmethod
-    def plan_chunks(plan: Plan) -> set[tuple[int, int, int]]:
-        """The (dataset, epoch, chunk) stretches a plan reads."""
-        out: set[tuple[int, int, int]] = set()
-        for p in plan.parts:
-            # A batch's pieces come from a few chunks: deduplicated in numpy, not per piece.
-            both = np.unique(p.pieces.epoch * CHUNKS_PER_EPOCH_KEY + p.pieces.chunk).tolist()
-            out.update(
-                (p.dataset, k // CHUNKS_PER_EPOCH_KEY, k % CHUNKS_PER_EPOCH_KEY) for k in both
-            )
         return out
 
     def layout(self, d: int, epoch: int) -> order.EpochLayout:

@@ -14,6 +14,7 @@ from tokenfeed.server import errors
 from tokenfeed.server.jobs.describe import job_info, num_sources
 from tokenfeed.server.jobs.job import MAX_STEP, READY, Job
 from tokenfeed.server.operate import metrics
+from tokenfeed.server.sampling.planner import Plan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -22,11 +23,11 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from tokenfeed.server.indexing.index import DatasetIndex
 
-# Steps of a stream assembled in one pass: small batches pay their fixed costs (planning,
-# numpy calls) once per group (bench/, wire section: at [8, 2048] a group of 4 costs 0.2 ms a
-# batch on the event loop, one step alone 0.47 ms). A group holds at most GROUP_TOKENS tokens,
-# one [32, 4096] batch, so the event loop is never held for more than one large batch's work
-# and a stalled stream holds at most that much in its group: larger batches go one at a time.
+# Steps a stream plans in one pass (planning is order arithmetic, far cheaper than assembly),
+# and steps it assembles in one pass: small batches pay their fixed costs (numpy calls) once
+# per group (bench/, wire section). An assembled group holds at most GROUP_TOKENS tokens, one
+# [32, 4096] batch, so the event loop is never held for more than one large batch's work and a
+# stalled stream holds at most that much in its group: larger batches go one at a time.
 STREAM_GROUP = 4
 GROUP_TOKENS = 32 * 4096
 
@@ -124,25 +125,28 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _built(
+    async def _plan(
         self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool
-    ) -> list[tuple[int, wire.Compact]]:
-        """(epoch, compact batch) of several steps of one rank (of the same batch size),
-        planned and assembled in one pass. Only training requests (not Explain) move the job's
-        progress, which prefetch and eviction follow."""
+    ) -> Plan:
+        """The plan of several steps of one rank (of the same batch size). Only training
+        requests (not Explain) move the job's progress, which prefetch and eviction follow."""
         plan = await job.plan_when_built(steps, rank, world_size, self._wait(context))
         if training:
             for step in steps:
                 job.note_request(step, rank, world_size)
+        return plan
+
+    async def _built(self, job: Job, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+        """(epoch, compact batch) of each of a plan's `steps` steps, assembled in one pass."""
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
-            return job.assemble_steps(plan, len(steps))
+            return job.assemble_steps(plan, steps)
 
     async def _batches(
-        self, job: Job, steps: list[int], rank: int, world_size: int, context
+        self, job: Job, plan: Plan, steps: list[int], rank: int, world_size: int
     ) -> list[bytes]:
-        """Several steps' batches of one rank, as serialized messages."""
-        built = await self._built(job, steps, rank, world_size, context, training=True)
+        """A plan's batches of one rank, as serialized messages."""
+        built = await self._built(job, plan, len(steps))
         out, tokens, sent = [], 0, 0
         for step, (epoch, compact) in zip(steps, built, strict=True):
             message, payload = batch_message(job, step, rank, world_size, epoch, compact)
@@ -158,7 +162,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> bytes:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        [message] = await self._batches(job, [request.step], request.rank, ws, context)
+        plan = await self._plan(job, [request.step], request.rank, ws, context, training=True)
+        [message] = await self._batches(job, plan, [request.step], request.rank, ws)
         return message
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
@@ -188,10 +193,10 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
         STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
         reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
-        with its flow-control window. A group is assembled on the event loop in one stretch,
-        between awaits: other streams wait at most one large batch's work (measured faster
-        than threads, whose GIL contention with the loop cost more than the overlap gained;
-        groups of small batches pay the per-call costs of assembly once: bench/, wire)."""
+        with its flow-control window. STREAM_GROUP steps are planned in one pass, and
+        assembled a group at a time on the event loop, each group in one stretch between
+        awaits: other streams wait at most one large batch's work (measured faster than
+        threads, whose GIL contention with the loop cost more than the overlap gained)."""
         ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
         seq_len = job.spec.seq_len
 
@@ -199,26 +204,26 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             try:
                 first = start
                 while first < end:
-                    started = time.perf_counter()
-                    # A group never crosses a change of batch size (a new phase), and while
+                    # A plan never crosses a change of batch size (a new phase), and while
                     # the job builds each step goes as soon as its own rows are built.
                     size = job.schedule.batch_size(first)
-                    steps, most = (
-                        [first],
-                        stream_group(size // world_size, seq_len),
-                    )
-                    if job.state != READY:
-                        most = 1
+                    steps, most = [first], STREAM_GROUP if job.state == READY else 1
                     while len(steps) < most and steps[-1] + 1 < end:
                         if job.schedule.batch_size(steps[-1] + 1) != size:
                             break
                         steps.append(steps[-1] + 1)
                     first = steps[-1] + 1
-                    batches = await self._batches(job, steps, rank, world_size, context)
-                    per_batch = (time.perf_counter() - started) / len(steps)
-                    for batch in batches:
-                        metrics.REQUEST_SECONDS.labels("StreamBatches").observe(per_batch)
-                        await ready.put(batch)
+                    started = time.perf_counter()
+                    plan = await self._plan(job, steps, rank, world_size, context, training=True)
+                    per = stream_group(size // world_size, seq_len)
+                    for i, part in enumerate(job.split_plan(plan, len(steps), per)):
+                        group = steps[i * per : (i + 1) * per]
+                        batches = await self._batches(job, part, group, rank, world_size)
+                        per_batch = (time.perf_counter() - started) / len(group)
+                        for batch in batches:
+                            metrics.REQUEST_SECONDS.labels("StreamBatches").observe(per_batch)
+                            await ready.put(batch)
+                        started = time.perf_counter()
                 await ready.put(None)
             except Exception as exc:  # handed to the sender, which aborts the stream with it
                 await ready.put(exc)
@@ -236,7 +241,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        [(_, compact)] = await self._built(job, [request.step], request.rank, ws, context, False)
+        plan = await self._plan(job, [request.step], request.rank, ws, context, training=False)
+        [(_, compact)] = await self._built(job, plan, 1)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
         return pb.Explanation(

@@ -1,0 +1,150 @@
+"""Rows copied from row buffers: each chunk's stream laid out with its tail (the units its last
+row reads past the chunk's end), so a row is one slice. A stream plans several steps in one
+pass and assembles them a few at a time; a tail is cut from the next chunk's row buffer when
+that is laid out, else copied from the chunk verified then. Every way gives the same bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from support import TOKENIZER
+from tokenfeed.server.diskcache.lru import LRU
+from tokenfeed.server.pack import packing
+from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.settings import config as configmod
+
+
+def _job(cache, corpus, packing_: str = "concat"):
+    spec = {
+        "sources": [str(corpus / "*")],
+        "tokenizer": str(TOKENIZER),
+        "seq_len": 48,
+        "global_batch_size": 8,
+        "seed": 9,
+        "chunk_bytes": "16KiB",
+        "window_chunks": 3,
+        "packing": packing_,
+    }
+    raw = {"server": {"cache_dir": str(cache)}, "jobs": {"j": spec}}
+    job = build_jobs(configmod.from_dict(raw))["j"]
+
+    async def build():
+        with ThreadPoolExecutor(2) as pool:
+            await job.build_index(pool, 2, retry=False)
+
+    asyncio.run(build())
+    assert job.state == "ready", job.error
+    return job
+
+
+def _assembled(job, plan, steps: int):
+    async def run():
+        with ThreadPoolExecutor(2) as pool:
+            await job.open_chunks(plan, pool)
+        return job.assemble_steps(plan, steps)
+
+    return asyncio.run(run())
+
+
+def _all(job, asked):
+    """The batches of (step, rank, world_size) requests, in order."""
+
+    async def run():
+        out = []
+        with ThreadPoolExecutor(2) as pool:
+            for step, rank, ws in asked:
+                plan = job.plan(step, rank, ws)
+                await job.open_chunks(plan, pool)
+                out.append(job.assemble(plan))
+        return out
+
+    return asyncio.run(run())
+
+
+def _same(a, b) -> None:
+    (ea, ca), (eb, cb) = a, b
+    assert ea == eb
+    assert np.array_equal(ca.tokens, cb.tokens)
+    assert np.array_equal(ca.starts, cb.starts)
+    assert np.array_equal(ca.row_splits, cb.row_splits)
+    assert (ca.padding is None) == (cb.padding is None)
+    if ca.padding is not None:
+        assert np.array_equal(ca.padding, cb.padding)
+
+
+@pytest.mark.parametrize("packing_", ["concat", "best_fit"])
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_steps_planned_together_and_assembled_apart_are_the_steps_alone(
+    tmp_path, corpus, packing_, world_size
+):
+    job = _job(tmp_path / "cache", corpus, packing_)
+    spe = job.steps_per_epoch
+    for first in (0, spe - 2, 2 * spe - 1):  # across the epoch boundary too
+        steps = list(range(first, first + 4))
+        rank = world_size - 1
+        plan = job.plan_steps(steps, rank, world_size)
+        alone = [_assembled(job, job.plan(s, rank, world_size), 1)[0] for s in steps]
+        for per in (1, 2, 3, 4):
+            parts = job.split_plan(plan, len(steps), per)
+            assert len(parts) == -(-len(steps) // per)
+            got = [
+                b
+                for i, p in enumerate(parts)
+                for b in _assembled(job, p, len(steps[i * per :][:per]))
+            ]
+            assert len(got) == len(steps)
+            for g, want in zip(got, alone, strict=True):
+                _same(g, want)
+
+
+def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks(
+    tmp_path, corpus, monkeypatch
+):
+    kept = _job(tmp_path / "kept", corpus)
+    bare = _job(tmp_path / "bare", corpus)
+    bare.rows.buffers = LRU(4096, 1)  # only the newest buffer is kept: tails are copied
+    calls = {"cut": 0, "copied": 0}
+    cut, stream_slice = packing.RowBuffer.cut, packing.stream_slice
+
+    def counted_cut(self, lo, hi):
+        calls["cut"] += 1
+        return cut(self, lo, hi)
+
+    def counted_slice(*args, **kwargs):
+        calls["copied"] += 1
+        return stream_slice(*args, **kwargs)
+
+    monkeypatch.setattr(packing.RowBuffer, "cut", counted_cut)
+    monkeypatch.setattr(packing, "stream_slice", counted_slice)
+    spe = kept.steps_per_epoch
+    steps = range(2 * spe + 1)  # two epochs and the rows reading on into the third
+    _all(kept, [(s, 0, 1) for s in steps])  # lays out every buffer of the kept job
+    kept.rows.buffers = LRU(4096, 2**30)  # lay out again, later chunks' buffers first
+    asked = [(s, 0, 1) for s in reversed(steps)]
+    for a, b in zip(_all(kept, asked), _all(bare, asked), strict=True):
+        _same(a, b)
+    assert calls["cut"] > 0 and calls["copied"] > 0, calls
+
+
+def test_a_row_buffer_holds_at_most_seq_len_tokens_past_its_chunk(tmp_path, corpus):
+    job = _job(tmp_path / "cache", corpus)
+    seq_len, idx = job.spec.seq_len, job.index
+    tails = 0
+    for epoch in (0, 1):
+        layout = job.layout(0, epoch)
+        for position, c in enumerate(layout.chunk_order.tolist()):
+            stream = job.rows.stream(0, epoch, c)
+            buf = job.rows.row_buffer(0, epoch, c, position)
+            extra = len(buf.ids) - stream.total
+            assert 0 <= extra <= seq_len
+            tails += extra > 0
+            # The last row starting in the chunk fits: it is the chunk's last slice.
+            begin = epoch * idx.units_per_epoch + int(layout.units_cum[position])
+            end = epoch * idx.units_per_epoch + int(layout.units_cum[position + 1])
+            last = -(-end // seq_len) - 1
+            if last * seq_len >= begin:
+                assert len(buf.ids) == max(stream.total, last * seq_len - begin + seq_len + 1)
+    assert tails > 0
