@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from support import TOKENIZER
 from tokenfeed.server.diskcache.lru import LRU
+from tokenfeed.server.errors import RequestError
 from tokenfeed.server.pack import packing
 from tokenfeed.server.serve.app import build_jobs
 from tokenfeed.server.settings import config as configmod
@@ -148,3 +149,20 @@ def test_a_row_buffer_holds_at_most_seq_len_tokens_past_its_chunk(tmp_path, corp
             if last * seq_len >= begin:
                 assert len(buf.ids) == max(stream.total, last * seq_len - begin + seq_len + 1)
     assert tails > 0
+
+
+def test_steps_up_to_the_limit_are_served_and_the_limit_is_refused(tmp_path, corpus):
+    # Stream units of every servable step stay below 2**62: no int64 arithmetic overflows,
+    # and rows of epochs in the trillions group by (epoch, chunk) exactly.
+    job = _job(tmp_path / "cache", corpus)
+    limit = job.step_limit
+    assert limit * job.spec.global_batch_size * job.spec.seq_len <= 2**62
+    for step in (limit - 1, limit // 3, 4_600_000_000_000_000 % limit):
+        ((epoch, compact),) = _all(job, [(step, 1, 2)])
+        assert epoch >= 0 and compact.tokens.shape == (4, job.spec.seq_len + 1)
+        assert (epoch, compact.tokens.tolist()) == (
+            _all(job, [(step, 1, 2)])[0][0],
+            compact.tokens.tolist(),
+        )
+    with pytest.raises(RequestError, match=rf"step must be in \[0, {limit}\)"):
+        job.plan(limit, 0, 1)

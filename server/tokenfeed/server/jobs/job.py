@@ -289,6 +289,10 @@ class Job:
     def check_request(self, step: int, rank: int, world_size: int) -> None:
         self.planner.check_request(step, rank, world_size)
 
+    @property
+    def step_limit(self) -> int:
+        return self.planner.step_limit
+
     def plan(self, step: int, rank: int, world_size: int) -> Plan:
         """Where each row of one rank's batch lives: pure order arithmetic, no data read."""
         return self.plan_steps([step], rank, world_size)

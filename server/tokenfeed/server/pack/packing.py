@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tokenfeed.server.sampling.order import pair_codes
 
 Int64s = npt.NDArray[np.int64]
 
@@ -224,7 +225,7 @@ def assemble_rows(
     for dataset, slots, epochs, chunks, los in parts:
         if not len(slots):
             continue
-        keys = epochs * (int(chunks.max()) + 1) + chunks
+        keys = pair_codes(epochs, chunks)
         order = np.argsort(keys, kind="stable")
         sorted_keys = keys[order]
         bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()]

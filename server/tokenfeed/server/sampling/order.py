@@ -262,6 +262,20 @@ def locate_units(
     return Pieces(*cols)
 
 
+def pair_codes(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:
+    """Int64 codes equal exactly where the pairs (a[i], b[i]) are equal, for grouping: packed
+    into one integer when that cannot overflow (any epoch up to the largest step's), else
+    numbered by a sort of the pairs."""
+    if not len(a):
+        return np.zeros(0, dtype=np.int64)
+    a0, b0 = a - a.min(), b - b.min()
+    width = int(b0.max()) + 1
+    if (int(a0.max()) + 1) * width < 2**62:
+        return (a0 * width + b0).astype(np.int64)
+    pairs = np.stack((a, b), axis=1)
+    return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
 @dataclass(frozen=True)
 class RowStarts:
     """Where stretches of the stream start: stretch i begins at unit lo[i] of the chunk at

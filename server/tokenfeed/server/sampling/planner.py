@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from tokenfeed.server.settings.config import JobSpec
 
 MAX_STEP = 2**62
-# (epoch, chunk) packed into one int64 as epoch * this + chunk: chunks of a dataset stay far
-# below 2**40 (a trillion), epochs below 2**23.
-CHUNKS_PER_EPOCH_KEY = 2**40
 
 
 @dataclass(frozen=True)
@@ -60,8 +57,15 @@ class Planner:
         self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
         self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))
 
+    @property
+    def step_limit(self) -> int:
+        """The first step past the servable ones: every row's stream units stay below
+        MAX_STEP (int64 arithmetic never overflows), about 5e11 steps of [1024, 8192]."""
+        rows = max(p.global_batch_size for p in self.spec.phases)
+        return MAX_STEP // (rows * max(self.spec.seq_len, 1))
+
     def check_request(self, step: int, rank: int, world_size: int) -> None:
-        limit = MAX_STEP // max(p.global_batch_size for p in self.spec.phases)
+        limit = self.step_limit
         if not 0 <= step < limit:
             raise RequestError(f"step must be in [0, {limit}), got {step}")
         if world_size < 1:
@@ -131,11 +135,9 @@ class Planner:
         for p in parts:
             # A batch's rows start in a few chunks: deduplicated in numpy, not per row.
             s = p.starts
-            keys, first = np.unique(s.epoch * CHUNKS_PER_EPOCH_KEY + s.position, return_index=True)
-            out.update(
-                (p.dataset, k // CHUNKS_PER_EPOCH_KEY, c, k % CHUNKS_PER_EPOCH_KEY)
-                for k, c in zip(keys.tolist(), s.chunk[first].tolist(), strict=True)
-            )
+            _, first = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)
+            cols = (s.epoch[first], s.chunk[first], s.position[first])
+            out.update((p.dataset, *key) for key in zip(*(c.tolist() for c in cols), strict=True))
         return frozenset(out)
 
     def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:
@@ -173,10 +175,9 @@ class Planner:
         out: set[tuple[int, int, int]] = set()
         for part in plan.parts:
             pc = self.pieces(part)
-            both = np.unique(pc.epoch * CHUNKS_PER_EPOCH_KEY + pc.chunk).tolist()
-            out.update(
-                (part.dataset, k // CHUNKS_PER_EPOCH_KEY, k % CHUNKS_PER_EPOCH_KEY) for k in both
-            )
+            _, first = np.unique(order.pair_codes(pc.epoch, pc.chunk), return_index=True)
+            both = zip(pc.epoch[first].tolist(), pc.chunk[first].tolist(), strict=True)
+            out.update((part.dataset, e, c) for e, c in both)
         return out
 
     def chunk_tail(self, d: int, epoch: int, position: int) -> order.Pieces:

@@ -12,7 +12,7 @@ import grpc
 from tokenfeed.client import wire
 from tokenfeed.server import errors
 from tokenfeed.server.jobs.describe import job_info, num_sources
-from tokenfeed.server.jobs.job import MAX_STEP, READY, Job
+from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.operate import metrics
 from tokenfeed.server.sampling.planner import Plan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
@@ -171,7 +171,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             well_formed(request)
             ws = request.world_size or 1
             job = self._checked_job(request.job, request.start_step, request.rank, ws)
-            end = request.end_step or MAX_STEP // job.spec.global_batch_size
+            end = request.end_step or job.step_limit
             if end <= request.start_step:
                 raise errors.RequestError(
                     f"end_step {request.end_step} must be after start_step {request.start_step} "
