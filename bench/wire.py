@@ -148,8 +148,13 @@ def consumers(
     return out
 
 
-def serve(work: Path, name: str, config: Path, env: dict | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "tokenfeed.server.commands.cli", "serve", "--config", str(config)]
+def serve(
+    work: Path, name: str, config: Path, env: dict | None = None, tree: Path = ROOT
+) -> ServerProcess:
+    """A server of this tree (or of an earlier commit's, whose CLI may live elsewhere)."""
+    packaged = (tree / "server/tokenfeed/server/commands/cli.py").exists()
+    module = "tokenfeed.server.commands.cli" if packaged else "tokenfeed.server.cli"
+    argv = [sys.executable, "-m", module, "serve", "--config", str(config)]
     proc = ServerProcess(name, argv, work)
     if env is not None:
         proc.env = env
@@ -300,7 +305,7 @@ def measure_before(
     env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"}
     config = work / "before.yaml"
     write_config(config, corpus, tokenizer, work / "before-cache", 1)
-    server = serve(work, "before", config, env)
+    server = serve(work, "before", config, env, tree)
     try:
         wait_ready(server.address, env)
         pids = pids_of(server)

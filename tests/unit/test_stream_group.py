@@ -5,7 +5,14 @@ so another stream never waits longer than that."""
 from __future__ import annotations
 
 import pytest
-from tokenfeed.server.serve.service import GROUP_TOKENS, STREAM_GROUP, stream_group
+from tokenfeed.server.serve.service import (
+    GROUP_TOKENS,
+    PLAN_ROWS,
+    PLAN_STEPS,
+    STREAM_GROUP,
+    plan_group,
+    stream_group,
+)
 
 
 @pytest.mark.parametrize(
@@ -28,3 +35,14 @@ def test_no_group_exceeds_the_token_bound_unless_one_batch_does():
             n = stream_group(rows, seq_len)
             assert 1 <= n <= STREAM_GROUP
             assert n == 1 or n * rows * seq_len <= GROUP_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(8, PLAN_STEPS), (32, PLAN_STEPS), (64, PLAN_ROWS // 64), (512, 1), (4096, 1)],
+)
+def test_a_stream_plans_up_to_plan_rows_rows_at_once(rows, expected):
+    # Planning is metadata only, but it runs on the event loop in one stretch: bounded by
+    # rows so that a plan never costs more than assembling one batch.
+    assert plan_group(rows) == expected
+    assert plan_group(rows) * rows <= PLAN_ROWS or plan_group(rows) == 1

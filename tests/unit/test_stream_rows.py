@@ -68,17 +68,17 @@ class Corpus:
         ids, cols, splits = packing.assemble_rows(
             len(served),
             self.seq_len,
-            [(0, np.arange(len(served)), starts.epoch, starts.chunk, starts.lo)],
+            [(0, np.arange(len(served)), starts)],
             self.buffer,
         )
         mask = np.zeros(ids.shape, dtype=bool)
         mask[np.repeat(np.arange(len(served)), np.diff(splits)), cols] = True
         return packing.concat_tensors(ids, mask, self.seq_len)
 
-    def buffer(self, _dataset, epoch: int, c: int) -> packing.RowBuffer:
+    def buffer(self, _dataset, epoch: int, c: int, position: int) -> packing.RowBuffer:
         """Chunk c's row buffer: its stream, then the tail its last row reads past its end,
         copied piece by piece from the chunks after it (or cut from their row buffers)."""
-        position = int(np.flatnonzero(self.layout(epoch).chunk_order == c)[0])
+        assert self.layout(epoch).chunk_order[position] == c
         tail = order.chunk_tail(
             self.layout(epoch), position, self.total, self.seq_len, self.seq_len + 1, self.layout
         )

@@ -112,12 +112,11 @@ class Assembler:
             return first_epoch, wire.compact_from_tensors(
                 self._assemble_bestfit(plan), self.wire_dtype
             )
-        positions = {(d, e, c): p for d, e, c, p in plan.buffers}
         ids, starts, splits = packing.assemble_rows(
             plan.rows,
             self.spec.seq_len,
-            [(p.dataset, p.slots, p.starts.epoch, p.starts.chunk, p.starts.lo) for p in plan.parts],
-            lambda d, e, c: self.row_buffer(d, e, c, positions[d, e, c]),
+            [(p.dataset, p.slots, p.starts) for p in plan.parts],
+            self.row_buffer,
             self.wire_dtype,
         )
         pdtype = wire.position_dtype(self.spec.seq_len)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from tokenfeed.server.sampling.order import pair_codes
+from tokenfeed.server.sampling.order import RowStarts
 
 Int64s = npt.NDArray[np.int64]
 
@@ -209,40 +209,46 @@ def row_buffer(
 def assemble_rows(
     rows: int,
     seq_len: int,
-    parts: Iterable[tuple[Any, np.ndarray, Int64s, Int64s, Int64s]],
-    buffer: Callable[[Any, int, int], RowBuffer],
+    parts: Iterable[tuple[Any, np.ndarray, RowStarts]],
+    buffer: Callable[[Any, int, int, int], RowBuffer],
     dtype: np.dtype | type = np.int32,
 ) -> tuple[np.ndarray, Int64s, npt.NDArray[np.int32]]:
     """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
     and the document starts inside each row (positions 1 .. seq_len - 1, row after row, with
     row splits: the wire's form) of rows that are each one slice of a row buffer. `parts`
-    holds (dataset, slots, epochs, chunks, los): row i of a part fills place slots[i] of the
-    batch with positions [los[i], los[i] + seq_len + 1) of `buffer(dataset, epochs[i],
-    chunks[i])`. Per batch: one slice copy per row and two binary searches per buffer."""
+    holds (dataset, slots, starts): row i of a part fills place slots[i] of the batch with
+    positions [starts.lo[i], starts.lo[i] + seq_len + 1) of `buffer(dataset, starts.epoch[i],
+    starts.chunk[i], starts.position[i])`. Per batch: one copy of all rows, and one binary
+    search call per buffer."""
     span = seq_len + 1
-    ids = np.empty((rows, span), dtype=dtype)
-    found: list[Int64s] = [_NO_STARTS] * rows
-    for dataset, slots, epochs, chunks, los in parts:
-        if not len(slots):
-            continue
-        keys = pair_codes(epochs, chunks)
-        order = np.argsort(keys, kind="stable")
-        sorted_keys = keys[order]
-        bounds = [0, *(np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()]
-        for a, b in itertools.pairwise([*bounds, len(order)]):  # one pass per buffer
-            sel = order[a:b]
-            buf = buffer(dataset, int(epochs[sel[0]]), int(chunks[sel[0]]))
-            lo = los[sel]
-            first = np.searchsorted(buf.starts, lo, side="right")  # starts after the row's
-            last = np.searchsorted(buf.starts, lo + seq_len, side="left")  # among its inputs
-            for slot, x, i, j in zip(
-                slots[sel].tolist(), lo.tolist(), first.tolist(), last.tolist(), strict=True
-            ):
-                ids[slot] = buf.ids[x : x + span]
-                found[slot] = buf.starts[i:j] - x
-    splits = np.zeros(rows + 1, dtype=np.int32)
-    np.cumsum([len(f) for f in found], out=splits[1:])
-    return ids, np.concatenate(found), splits
+    # Each row's slice of its buffer (a row left out has none: the copy below then refuses)
+    row_ids: list[np.ndarray] = [_NO_STARTS] * rows
+    row_starts: list[Int64s] = [_NO_STARTS] * rows  # the buffer's starts among its inputs
+    base, counts = [0] * rows, [0] * rows  # where each row starts in its buffer; its starts
+    for dataset, slots, where in parts:
+        # A batch's rows come from a few buffers: grouped in Python (a few dozen rows cost
+        # less than the numpy calls of a sort), exactly, whatever the epoch.
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        keys = zip(where.epoch.tolist(), where.chunk.tolist(), where.position.tolist(), strict=True)
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        slot_of, lo_of = slots.tolist(), where.lo.tolist()
+        for (epoch, chunk, position), members in groups.items():  # one pass per buffer
+            buf = buffer(dataset, epoch, chunk, position)
+            lo = [lo_of[i] for i in members]
+            n = len(lo)
+            # Starts after each row's first slot and before its last (one binary search call)
+            found = np.searchsorted(buf.starts, [x + 1 for x in lo] + [x + seq_len for x in lo])
+            bounds = found.tolist()
+            ids, starts = buf.ids, buf.starts
+            for k, i in enumerate(members):
+                slot, x, a, b = slot_of[i], lo[k], bounds[k], bounds[n + k]
+                row_ids[slot], row_starts[slot] = ids[x : x + span], starts[a:b]
+                base[slot], counts[slot] = x, b - a
+    out = np.empty((rows, span), dtype=dtype)
+    np.concatenate(row_ids, out=out.reshape(-1))  # one copy of every row, in one call
+    splits = np.array([0, *itertools.accumulate(counts)], dtype=np.int32)
+    return out, np.concatenate(row_starts) - np.repeat(base, counts), splits
 
 
 _NO_STARTS: Int64s = np.zeros(0, dtype=np.int64)

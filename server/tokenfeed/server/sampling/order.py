@@ -270,10 +270,13 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:
         return np.zeros(0, dtype=np.int64)
     a0, b0 = a - a.min(), b - b.min()
     width = int(b0.max()) + 1
+    codes: npt.NDArray[np.int64]
     if (int(a0.max()) + 1) * width < 2**62:
-        return (a0 * width + b0).astype(np.int64)
-    pairs = np.stack((a, b), axis=1)
-    return np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        codes = (a0 * width + b0).astype(np.int64)
+    else:
+        pairs = np.stack((a, b), axis=1)
+        codes = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return codes
 
 
 @dataclass(frozen=True)

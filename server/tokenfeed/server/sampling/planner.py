@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from functools import cached_property, partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
@@ -41,11 +41,22 @@ class PlanPart:
     starts: order.RowStarts
 
 
-class Plan(NamedTuple):
+@dataclass(frozen=True)
+class Plan:
     rows: int  # rows of the rank's batch (of all its steps' batches)
     parts: list[PlanPart]
-    # (dataset, epoch, chunk, position) of each chunk a row starts in: the row buffers read
-    buffers: frozenset[tuple[int, int, int, int]]
+
+    @cached_property
+    def buffers(self) -> frozenset[tuple[int, int, int, int]]:
+        """(dataset, epoch, chunk, position) of each chunk a row starts in: the row buffers
+        the plan reads."""
+        out: set[tuple[int, int, int, int]] = set()
+        for p in self.parts:
+            # A few dozen rows: a set of tuples costs less than the numpy calls of a unique.
+            s, d = p.starts, p.dataset
+            cols = (s.epoch.tolist(), s.chunk.tolist(), s.position.tolist())
+            out.update((d, e, c, q) for e, c, q in zip(*cols, strict=True))
+        return frozenset(out)
 
 
 class Planner:
@@ -56,6 +67,7 @@ class Planner:
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
         self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
         self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))
+        self._tails: LRU[tuple[int, int, int, int], tuple[int, ...]] = LRU(4096)
 
     @property
     def step_limit(self) -> int:
@@ -100,13 +112,13 @@ class Planner:
             epochs, units = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
             starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
             parts.append(PlanPart(d, mine, epochs, units, starts))
-        return Plan(per_rank * len(steps), parts, self._buffers(parts))
+        return Plan(per_rank * len(steps), parts)
 
     @staticmethod
     def split(plan: Plan, steps: int, per: int) -> list[Plan]:
         """A plan of `steps` steps (plan_steps) cut into plans of `per` steps each, the last
         maybe fewer: a stream plans several steps in one pass and assembles them a few at a
-        time. Each keeps the whole plan's `buffers` (a superset of what it reads)."""
+        time."""
         if per >= steps:
             return [plan]
         per_step = plan.rows // steps
@@ -126,19 +138,8 @@ class Planner:
                         order.RowStarts(s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]),
                     )
                 )
-            out.append(Plan(hi - lo, parts, plan.buffers))
+            out.append(Plan(hi - lo, parts))
         return out
-
-    @staticmethod
-    def _buffers(parts: list[PlanPart]) -> frozenset[tuple[int, int, int, int]]:
-        out: set[tuple[int, int, int, int]] = set()
-        for p in parts:
-            # A batch's rows start in a few chunks: deduplicated in numpy, not per row.
-            s = p.starts
-            _, first = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)
-            cols = (s.epoch[first], s.chunk[first], s.position[first])
-            out.update((p.dataset, *key) for key in zip(*(c.tolist() for c in cols), strict=True))
-        return frozenset(out)
 
     def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:
         return partial(self.layout, d)
@@ -205,9 +206,23 @@ class Planner:
         for d, found in rows.items():
             idx = self.indexes[d]
             _, units = self.locate(d, np.concatenate(found), first)
-            pieces = order.locate_units(units, idx.span, idx.units_per_epoch, self._lay(d))
-            out.update((d, c) for c in np.unique(pieces.chunk).tolist())
+            s = order.locate_starts(units, idx.units_per_epoch, self._lay(d))
+            # The chunks rows start in, and those their row buffers' tails read.
+            _, one = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)
+            cols = (s.epoch[one], s.position[one], s.chunk[one])
+            for e, p, c in zip(*(a.tolist() for a in cols), strict=True):
+                out.add((d, c))
+                out.update((d, k) for k in self.tail_chunks(d, e, p))
         return out
+
+    def tail_chunks(self, d: int, epoch: int, position: int) -> tuple[int, ...]:
+        """The chunks the tail of the row buffer of `position` in `epoch` reads (cached)."""
+        version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
+
+        def make() -> tuple[int, ...]:
+            return tuple(np.unique(self.chunk_tail(d, epoch, position).chunk).tolist())
+
+        return self._tails.get_or_make((d, epoch, position, version), make)
 
     def layout(self, d: int, epoch: int) -> order.EpochLayout:
         """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over

@@ -23,19 +23,29 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from tokenfeed.server.indexing.index import DatasetIndex
 
-# Steps a stream plans in one pass (planning is order arithmetic, far cheaper than assembly),
-# and steps it assembles in one pass: small batches pay their fixed costs (numpy calls) once
+# Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls) once
 # per group (bench/, wire section). An assembled group holds at most GROUP_TOKENS tokens, one
 # [32, 4096] batch, so the event loop is never held for more than one large batch's work and a
 # stalled stream holds at most that much in its group: larger batches go one at a time.
 STREAM_GROUP = 4
 GROUP_TOKENS = 32 * 4096
+# Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
+# arithmetic over row indexes, vectorised, so 16 steps cost little more than one and far less
+# than assembling one batch.
+PLAN_STEPS = 16
+PLAN_ROWS = 512
 
 
 def stream_group(rows: int, seq_len: int) -> int:
     """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP, while the group
     holds at most GROUP_TOKENS tokens; at least one."""
     return max(1, min(STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
+
+
+def plan_group(rows: int) -> int:
+    """Steps of `rows` rows of a rank a stream plans in one pass: up to PLAN_STEPS, while they
+    hold at most PLAN_ROWS rows; at least one."""
+    return max(1, min(PLAN_STEPS, PLAN_ROWS // max(rows, 1)))
 
 
 def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
@@ -96,6 +106,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         # job serves, whatever the corpus size.
         self._described: dict[str, tuple[tuple, pb.JobInfo]] = {}
         self._sources: dict[DatasetIndex, tuple[list, int]] = {}
+        self._served: dict[str, tuple[Any, Any]] = {}
 
     def _job(self, name: str) -> Job:
         if not name:
@@ -125,16 +136,9 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _plan(
-        self, job: Job, steps: list[int], rank: int, world_size: int, context, training: bool
-    ) -> Plan:
-        """The plan of several steps of one rank (of the same batch size). Only training
-        requests (not Explain) move the job's progress, which prefetch and eviction follow."""
-        plan = await job.plan_when_built(steps, rank, world_size, self._wait(context))
-        if training:
-            for step in steps:
-                job.note_request(step, rank, world_size)
-        return plan
+    async def _plan(self, job: Job, steps: list[int], rank: int, world_size: int, context) -> Plan:
+        """The plan of several steps of one rank (of the same batch size)."""
+        return await job.plan_when_built(steps, rank, world_size, self._wait(context))
 
     async def _built(self, job: Job, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
         """(epoch, compact batch) of each of a plan's `steps` steps, assembled in one pass."""
@@ -145,7 +149,11 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def _batches(
         self, job: Job, plan: Plan, steps: list[int], rank: int, world_size: int
     ) -> list[bytes]:
-        """A plan's batches of one rank, as serialized messages."""
+        """A plan's batches of one rank, as serialized messages. Only these training requests
+        (not Explain) move the job's progress, which prefetch and eviction follow: a step
+        counts once its batch is being built, not when it is planned."""
+        for step in steps:
+            job.note_request(step, rank, world_size)
         built = await self._built(job, plan, len(steps))
         out, tokens, sent = [], 0, 0
         for step, (epoch, compact) in zip(steps, built, strict=True):
@@ -154,15 +162,26 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             tokens += compact.rows * compact.seq_len
             sent += payload
         job.note_served(tokens)
-        metrics.SERVED_TOKENS.labels(job.name).inc(tokens)
-        metrics.SERVED_BYTES.labels(job.name).inc(sent)
+        served_tokens, served_bytes = self._served_metrics(job.name)
+        served_tokens.inc(tokens)
+        served_bytes.inc(sent)
         return out
+
+    def _served_metrics(self, name: str) -> tuple[Any, Any]:
+        """A job's served tokens and bytes counters (labels looked up once per job)."""
+        found = self._served.get(name)
+        if found is None:
+            found = self._served[name] = (
+                metrics.SERVED_TOKENS.labels(name),
+                metrics.SERVED_BYTES.labels(name),
+            )
+        return found
 
     @_unary
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> bytes:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        plan = await self._plan(job, [request.step], request.rank, ws, context, training=True)
+        plan = await self._plan(job, [request.step], request.rank, ws, context)
         [message] = await self._batches(job, plan, [request.step], request.rank, ws)
         return message
 
@@ -193,12 +212,13 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
         STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
         reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
-        with its flow-control window. STREAM_GROUP steps are planned in one pass, and
-        assembled a group at a time on the event loop, each group in one stretch between
+        with its flow-control window. Up to PLAN_STEPS steps are planned in one pass (`plan_group`),
+        and assembled a group at a time on the event loop, each group in one stretch between
         awaits: other streams wait at most one large batch's work (measured faster than
         threads, whose GIL contention with the loop cost more than the overlap gained)."""
         ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
         seq_len = job.spec.seq_len
+        seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
 
         async def produce() -> None:
             try:
@@ -207,21 +227,23 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     # A plan never crosses a change of batch size (a new phase), and while
                     # the job builds each step goes as soon as its own rows are built.
                     size = job.schedule.batch_size(first)
-                    steps, most = [first], STREAM_GROUP if job.state == READY else 1
+                    steps, most = [first], plan_group(size // world_size)
+                    if job.state != READY:
+                        most = 1
                     while len(steps) < most and steps[-1] + 1 < end:
                         if job.schedule.batch_size(steps[-1] + 1) != size:
                             break
                         steps.append(steps[-1] + 1)
                     first = steps[-1] + 1
                     started = time.perf_counter()
-                    plan = await self._plan(job, steps, rank, world_size, context, training=True)
+                    plan = await self._plan(job, steps, rank, world_size, context)
                     per = stream_group(size // world_size, seq_len)
                     for i, part in enumerate(job.split_plan(plan, len(steps), per)):
                         group = steps[i * per : (i + 1) * per]
                         batches = await self._batches(job, part, group, rank, world_size)
                         per_batch = (time.perf_counter() - started) / len(group)
                         for batch in batches:
-                            metrics.REQUEST_SECONDS.labels("StreamBatches").observe(per_batch)
+                            seconds.observe(per_batch)
                             await ready.put(batch)
                         started = time.perf_counter()
                 await ready.put(None)
@@ -241,7 +263,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
         job = self._checked_job(request.job, request.step, request.rank, ws)
-        plan = await self._plan(job, [request.step], request.rank, ws, context, training=False)
+        plan = await self._plan(job, [request.step], request.rank, ws, context)
         [(_, compact)] = await self._built(job, plan, 1)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
