@@ -121,7 +121,7 @@ def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks
     monkeypatch.setattr(packing.RowBuffer, "cut", counted_cut)
     monkeypatch.setattr(packing, "stream_slice", counted_slice)
     spe = kept.steps_per_epoch
-    steps = range(2 * spe + 1)  # two epochs and the rows reading on into the third
+    steps = range(spe + 2)  # an epoch and the rows reading on into the next
     _all(kept, [(s, 0, 1) for s in steps])  # lays out every buffer of the kept job
     kept.rows.buffers = LRU(4096, 2**30)  # lay out again, later chunks' buffers first
     asked = [(s, 0, 1) for s in reversed(steps)]

@@ -27,7 +27,14 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _disk_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix != ".sock")
+    total = 0
+    for p in root.rglob("*"):
+        try:  # a temporary file may be renamed or removed meanwhile
+            if p.is_file() and p.suffix != ".sock":
+                total += p.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +154,17 @@ def test_the_cache_stays_under_its_budget_with_two_workers(tmp_path, corpus, sin
                 assert a.get_batch(s).fingerprint == b.get_batch(s).fingerprint
                 if s < STEPS:
                     assert a.get_batch(s).fingerprint == expected[s]
-                peak = max(peak, _disk_bytes(cache))
+                # A walk of the directory is not atomic: files written and evicted during it
+                # may both be counted. Two walks in a row both overcounting would need churn
+                # in both; a real excess shows in every walk.
+                peak = max(peak, min(_disk_bytes(cache), _disk_bytes(cache)))
         assert peak <= budget, f"{peak} bytes on disk, budget {budget}"
         samples = scrape(proc.metrics)
-        assert metric(samples, "tokenfeed_cache_evictions_total") > 0  # the budget was needed
         assert metric(samples, "tokenfeed_cache_bytes") <= budget
+        # The budget was needed: the epoch read every chunk, whose bodies (evicted, or never
+        # kept by Belady's bypass) are larger than the budget together.
+        manifests = [json.loads(p.read_text()) for p in (cache / "tokens").glob("*/*.json")]
+        bodies = sum(m["bin_bytes"] + m["idx_bytes"] + m["rec_bytes"] for m in manifests)
+        assert bodies > budget, (bodies, budget)
     finally:
         assert proc.stop() == 0, proc.log()
