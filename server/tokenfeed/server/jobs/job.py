@@ -17,7 +17,6 @@ from concurrent.futures import Executor
 import numpy as np
 from tokenfeed.client import wire
 from tokenfeed.server.errors import (
-    BadRecordError,
     CacheTooSmallError,
     JobFailedError,
     LocalError,
@@ -30,6 +29,7 @@ from tokenfeed.server.errors import (
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex
 from tokenfeed.server.jobs.explain import explain_rows
+from tokenfeed.server.jobs.prefetch import keep_ahead
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import Storage
 from tokenfeed.server.operate import metrics
@@ -333,46 +333,9 @@ class Job:
         metrics.JOB_FURTHEST_STEP.labels(self.name).set(self.progress.furthest)
 
     async def prefetch(self, executor: Executor, steps: int) -> None:
-        """Keep every chunk of the next `steps` steps past the furthest request in the cache
-        (rebuilding evicted ones), until cancelled. Once the lead falls to half of `steps`,
-        the steps up to the full lead are planned together: a stream advancing one step at a
-        time costs one plan per `steps // 2` steps, not one per step."""
-        await self._ready.wait()
-        p = self.progress
-        while steps and self.state == READY:
-            first = max(p.prefetched, p.furthest) + 1
-            end = max(p.furthest, 0) + steps + 1
-            if first > max(p.furthest, 0) + (steps + 1) // 2:
-                await p.changed()
-                continue
-            was = p.furthest
-            try:
-                await self._prefetch_steps(executor, first, end)
-            except (SourceError, BadRecordError) as e:
-                self.fail(str(e))
-                return
-            except Exception as e:  # local (cache full, network): requests will say so
-                log.warning(
-                    "job %s: prefetch of steps %d..%d failed: %s", self.name, first, end - 1, e
-                )
-                await asyncio.sleep(1.0)
-                continue
-            if p.furthest >= was:  # else a rollback moved it back meanwhile: start again
-                p.prefetched = end - 1
-            metrics.PREFETCH_LEAD_STEPS.labels(self.name).set(max(p.lead_steps, 0))
-            metrics.PREFETCH_LEAD_SECONDS.labels(self.name).set(p.lead_seconds)
-
-    async def _prefetch_steps(self, executor: Executor, first: int, end: int) -> None:
-        needed = self.planner.chunks_of_steps(first, end)
-        missing = [(d, c) for d, c in needed if not self.store.has_body(self.indexes[d].keys[c])]
-        if missing:
-            loop = asyncio.get_running_loop()
-            await asyncio.gather(
-                *(
-                    loop.run_in_executor(executor, self.indexes[d].ensure_chunk, c, True)
-                    for d, c in missing
-                )
-            )
+        """Keep the chunks of the next `steps` steps in the cache, until cancelled
+        (prefetch.py)."""
+        await keep_ahead(self, executor, steps)
 
     def fail(self, error: str) -> None:
         """The data refuses the job after it became ready (an object changed under it)."""
