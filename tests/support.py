@@ -45,6 +45,22 @@ def job_spec(sources, **overrides) -> dict:
     return spec
 
 
+def built_job(cache: Path, spec: dict, name: str = "j"):
+    """A job of `spec` in this process (no server), its index built into `cache`: READY."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tokenfeed.server.serve.app import build_jobs
+    from tokenfeed.server.settings import config as configmod
+
+    raw = {"server": {"cache_dir": str(cache)}, "jobs": {name: spec}}
+    job = build_jobs(configmod.from_dict(raw))[name]
+    with ThreadPoolExecutor(2) as pool:
+        asyncio.run(job.build_index(pool, 2, retry=False))
+    assert job.state == "ready", job.error
+    return job
+
+
 def write_jsonl(path: Path, texts: list[str]) -> Path:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return path

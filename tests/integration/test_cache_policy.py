@@ -3,31 +3,20 @@ and prefetch keeps the chunks of the next steps in the cache before they are ask
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import yaml
-from support import ServerProcess, job_spec, metric, scrape, write_config
+from support import ServerProcess, built_job, job_spec, metric, scrape, write_config
 from tokenfeed.server.diskcache.eviction import next_use
-from tokenfeed.server.serve.app import build_jobs
-from tokenfeed.server.settings import config as configmod
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, corpus):
     tmp = tmp_path_factory.mktemp("policy")
-    path = write_config(tmp / "tf.yaml", {"main": job_spec([corpus / "*"])}, tmp / "cache")
-    raw = yaml.safe_load(path.read_text())
-    job = build_jobs(configmod.from_dict(raw))["main"]
-    with ThreadPoolExecutor(2) as pool:
-        asyncio.run(job.build_index(pool, 2, retry=False))
-    assert job.state == "ready", job.error
-    return job
+    return built_job(tmp / "cache", job_spec([corpus / "*"]), "main")
 
 
 def first_use(job, start: int, steps: int) -> dict[str, int]:

@@ -10,32 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from support import TOKENIZER
-from tokenfeed.server.serve.app import build_jobs
-from tokenfeed.server.settings import config as configmod
+from support import built_job, job_spec
 
 
 def _job(cache, corpus, packing: str):
-    spec = {
-        "sources": [str(corpus / "*")],
-        "tokenizer": str(TOKENIZER),
-        "seq_len": 64,
-        "global_batch_size": 8,
-        "seed": 5,
-        "chunk_bytes": "16KiB",
-        "window_chunks": 3,
-        "packing": packing,
-    }
-    raw = {"server": {"cache_dir": str(cache)}, "jobs": {"j": spec}}
-    job = build_jobs(configmod.from_dict(raw))["j"]
-
-    async def build():
-        with ThreadPoolExecutor(2) as pool:
-            await job.build_index(pool, 2, retry=False)
-
-    asyncio.run(build())
-    assert job.state == "ready", job.error
-    return job
+    spec = job_spec([corpus / "*"], seed=5, packing=packing)
+    return built_job(cache, spec)
 
 
 def _batch(job, step):

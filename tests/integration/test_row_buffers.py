@@ -10,35 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from support import TOKENIZER
+from support import built_job, job_spec
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import RequestError
 from tokenfeed.server.pack import packing
-from tokenfeed.server.serve.app import build_jobs
-from tokenfeed.server.settings import config as configmod
 
 
 def _job(cache, corpus, packing_: str = "concat"):
-    spec = {
-        "sources": [str(corpus / "*")],
-        "tokenizer": str(TOKENIZER),
-        "seq_len": 48,
-        "global_batch_size": 8,
-        "seed": 9,
-        "chunk_bytes": "16KiB",
-        "window_chunks": 3,
-        "packing": packing_,
-    }
-    raw = {"server": {"cache_dir": str(cache)}, "jobs": {"j": spec}}
-    job = build_jobs(configmod.from_dict(raw))["j"]
-
-    async def build():
-        with ThreadPoolExecutor(2) as pool:
-            await job.build_index(pool, 2, retry=False)
-
-    asyncio.run(build())
-    assert job.state == "ready", job.error
-    return job
+    return built_job(cache, job_spec([corpus / "*"], seq_len=48, seed=9, packing=packing_))
 
 
 def _assembled(job, plan, steps: int):

@@ -6,7 +6,7 @@ epochs one after another, make one endless stream per dataset. Row r is the stre
 stream[r*L : r*L + L + 1]: inputs are its first L tokens, labels its last L. Rows overlap by
 one token, so every token of the stream is an input of exactly one row: nothing is dropped at
 the end of a chunk, a window or an epoch; a row there simply reads on into what comes next
-(order.locate_units cuts it into per-chunk pieces).
+(a chunk's row buffer holds those units after its own: `row_buffer`).
 
 Per row we also emit position ids (0 at the row start and at every document start) and segment
 ids (1 for the first document piece in the row, 2 for the next, ...).
