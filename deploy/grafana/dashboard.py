@@ -4,7 +4,7 @@
 
 Edit the panels here, not the JSON: a test checks that the checked-in JSON is this script's
 output, that every query parses (promtool) and that every metric and label it names exists in
-tokenfeed.server.operate.metrics. Per-job series carry `tokenfeed_job` (the training job's name, as
+tokenfeed.server.telemetry.metrics. Per-job series carry `tokenfeed_job` (the training job's name, as
 tokenfeed exports it; `job` is Prometheus's scrape job).
 """
 

@@ -252,7 +252,7 @@ def metric_families() -> dict[str, tuple[str, ...]]:
     """{sample name: its label names} for every sample tokenfeed's registry can export, as
     stored by Prometheus (which adds the TARGET_LABELS)."""
     from prometheus_client.metrics import MetricWrapperBase
-    from tokenfeed.server.operate import metrics
+    from tokenfeed.server.telemetry import metrics
 
     families: dict[str, tuple[str, ...]] = {}
     for obj in vars(metrics).values():
@@ -291,7 +291,7 @@ def alerting_rules() -> dict[str, dict]:
 
 def name_problems(expr: str) -> list[str]:
     """Metric and label names in `expr` that tokenfeed does not export (empty: all known)."""
-    from tokenfeed.server.operate import metrics
+    from tokenfeed.server.telemetry import metrics
 
     exported = metrics.exported_names()
     families = metric_families()

@@ -22,7 +22,7 @@ from deploy_support import (
     run,
     tool,
 )
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 PROMETHEUS = DEPLOY / "prometheus"
 

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from s3env import free_port, s3_client
 from support import TOKENIZER, ServerProcess, job_spec, metric, scrape, write_config, write_jsonl
 from tokenfeed.client import errors as client_errors
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".tools" / "bin"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from s3env import s3_client
 from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_config
-from tokenfeed.server.objstore.storage import LocalStore
+from tokenfeed.server.objstore.localfiles import LocalBackend
 from tokenfeed.server.settings.config import SourceSpec
 from tokenfeed.server.source.chunks import plan_chunks
 from tokenizers import Tokenizer
@@ -64,7 +64,7 @@ def _line(uri: str, where: str) -> str:
 def test_small_objects_are_served_from_a_few_chunks_and_explained_to_their_lines(
     tmp_path, small_corpus
 ):
-    objs = LocalStore().list(str(small_corpus / "*.jsonl.gz"))
+    objs = LocalBackend().list(str(small_corpus / "*.jsonl.gz"))
     planned = plan_chunks([(o, SourceSpec(str(small_corpus / "*"))) for o in objs], CHUNK_BYTES)
     total = sum(o.size for o in objs)
     assert len(objs) == FILES and len(planned) <= -(-total // (CHUNK_BYTES // 2))

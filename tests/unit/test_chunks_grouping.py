@@ -24,7 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.errors import SourceChangedError, StoreCorruptError
 from tokenfeed.server.indexing.index import DatasetIndex
-from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo, Storage
+from tokenfeed.server.objstore.localfiles import LocalBackend
+from tokenfeed.server.objstore.objects import ObjectInfo
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import SourceSpec, from_dict
 from tokenfeed.server.source import pretokenized
 from tokenfeed.server.source.chunks import Chunk, plan_chunks
@@ -59,7 +61,7 @@ def doc(text: str) -> bytes:
 
 
 def listed(root: Path, pattern: str = "*") -> list[ObjectInfo]:
-    return LocalStore().list(str(root / pattern))
+    return LocalBackend().list(str(root / pattern))
 
 
 # -- the planning rule -----------------------------------------------------------------------
@@ -232,7 +234,7 @@ def test_listing_names_each_object_by_its_resolved_path(tmp_path, monkeypatch):
     ):
         matches = [Path(m) for m in glob.glob(pattern, recursive=True)]
         expected = sorted(str(m.resolve()) for m in matches if not m.is_dir())
-        assert [o.uri for o in LocalStore().list(pattern)] == expected and expected, pattern
+        assert [o.uri for o in LocalBackend().list(pattern)] == expected and expected, pattern
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ def test_reading_a_group_is_reading_its_parts_one_after_another(gz_corpus):
     objs, _ = gz_corpus
     chunks = plan_chunks([(o, SPEC) for o in objs], 3 * max(o.size for o in objs))
     assert all(c.parts for c in chunks) and len(chunks) < len(objs)
-    store = LocalStore()
+    store = LocalBackend()
     for chunk in chunks:
         got = read_documents(store, chunk)
         parts = [read_documents(store, p) for p in chunk.parts]
@@ -364,7 +366,7 @@ def test_bad_records_of_a_group_are_located_in_their_part(gz_corpus):
     objs, lines_of = gz_corpus
     [chunk] = plan_chunks([(o, SPEC) for o in objs], sum(o.size for o in objs))
     assert len(chunk.parts) == 12
-    got = read_documents(LocalStore(), chunk)
+    got = read_documents(LocalBackend(), chunk)
     bad = {(b.reason, b.location) for b in got.bad}
     expected = {
         ("not_text" if line == b'{"text": 7}' else "malformed_json", f"{uri}:{n}")
@@ -380,7 +382,7 @@ def test_parquet_row_groups_of_a_group_are_read_and_located_by_row(tmp_path):
     pq.write_table(pa.table({"text": pa.array(values, pa.binary())}), path, row_group_size=4)
     [chunk] = plan(listed(tmp_path), 10**6)
     assert len(chunk.parts) == 8
-    got = read_documents(LocalStore(), chunk)
+    got = read_documents(LocalBackend(), chunk)
     assert got.texts == [v.decode() for v in values if v is not None]
     assert [(b.reason, b.location) for b in got.bad] == [
         ("missing_field", f"{path} row {r}") for r in (0, 9, 18, 27)
@@ -401,8 +403,8 @@ def test_a_group_of_token_row_groups_reads_as_its_parts(tmp_path):
     spec = SourceSpec(str(tmp_path / "*.parquet"), token_field="ids")
     [chunk] = plan(listed(tmp_path), 10**6, spec)
     assert chunk.kind == "parquet-tokens" and len(chunk.parts) == 4 + 5
-    got = pretokenized.read_chunk(LocalStore(), chunk, TOKENS)
-    parts = [pretokenized.read_chunk(LocalStore(), p, TOKENS) for p in chunk.parts]
+    got = pretokenized.read_chunk(LocalBackend(), chunk, TOKENS)
+    parts = [pretokenized.read_chunk(LocalBackend(), p, TOKENS) for p in chunk.parts]
     assert got.tokens.tolist() == [t for p in parts for t in p.tokens.tolist()]
     assert got.lengths.tolist() == [n for p in parts for n in p.lengths.tolist()]
     assert [(b.reason, b.location) for b in got.bad] == [
@@ -418,7 +420,7 @@ class SlowStore:
     parallel_reads = 8
 
     def __init__(self, rtt: float):
-        self.inner, self.rtt, self.lock = LocalStore(), rtt, threading.Lock()
+        self.inner, self.rtt, self.lock = LocalBackend(), rtt, threading.Lock()
         self.in_flight = self.most = 0
 
     def list(self, pattern):
@@ -456,7 +458,7 @@ def test_every_part_is_pinned_a_changed_part_fails_the_read_naming_it(gz_corpus)
     st_ = os.stat(changed)
     os.utime(changed, ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
     with pytest.raises(SourceChangedError, match=changed):
-        read_documents(LocalStore(), chunk)
+        read_documents(LocalBackend(), chunk)
 
 
 # -- provenance ---------------------------------------------------------------------------------
@@ -484,9 +486,9 @@ def stored_provenance(tmp_path: Path, chunk: Chunk, docs) -> Provenance:
 def test_locate_record_finds_the_object_and_line_of_every_group_document(tmp_path, gz_corpus):
     objs, lines_of = gz_corpus
     chunks = plan_chunks([(o, SPEC) for o in objs], 3 * max(o.size for o in objs))
-    storage = Storage()
+    storage = ObjectStorage()
     for chunk in chunks:
-        docs = read_documents(LocalStore(), chunk)
+        docs = read_documents(LocalBackend(), chunk)
         prov = stored_provenance(tmp_path, chunk, docs)
         assert isinstance(prov.data_start, tuple) and len(prov.data_start) == len(chunk.parts)
         for text, record in zip(docs.texts, prov.record_ids.tolist(), strict=True):
@@ -498,9 +500,9 @@ def test_locate_record_of_simple_chunks(tmp_path):
     lines = [doc(f"line {i} " + "z" * (i % 13)) for i in range(200)]
     path = tmp_path / "big.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
-    storage = Storage()
+    storage = ObjectStorage()
     for chunk in plan(listed(tmp_path, "big.jsonl"), 1000):  # ranges: data_start > 0
-        docs = read_documents(LocalStore(), chunk)
+        docs = read_documents(LocalBackend(), chunk)
         prov = stored_provenance(tmp_path, chunk, docs)
         assert prov.data_start == docs.data_start
         for text, record in zip(docs.texts, prov.record_ids.tolist(), strict=True):
@@ -520,7 +522,7 @@ def test_locate_record_of_simple_chunks(tmp_path):
 def test_locate_record_in_a_group_of_row_groups_and_its_errors(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", [f"t{i}" for i in range(30)], 4)
     chunks = plan(listed(tmp_path), 2 * max(c.raw_bytes for c in plan(listed(tmp_path), 1)))
-    storage = Storage()
+    storage = ObjectStorage()
     second = chunks[1]
     assert len(second.parts) == 2 and second.parts[0].start == 8
     prov = Provenance(np.arange(8), (PartStart(4), PartStart(4)))
@@ -649,4 +651,4 @@ def test_reading_a_compressed_group_of_mixed_codecs_is_refused_by_planning(tmp_p
     write_gz(tmp_path / "c.jsonl.gz", [doc("c")])
     chunks = plan(listed(tmp_path), 10**6)
     assert [c.kind for c in chunks] == ["jsonl.gz", "jsonl.zst", "jsonl.gz"]
-    assert [t for c in chunks for t in read_documents(LocalStore(), c).texts] == ["a", "b", "c"]
+    assert [t for c in chunks for t in read_documents(LocalBackend(), c).texts] == ["a", "b", "c"]

@@ -47,8 +47,8 @@ NOT_IN_PURE_CORE = (
 # Imports inside functions that are there to break a real cycle: (importer, imported) with the
 # reason. Every entry must still exist and must still close a cycle if it were made at the top.
 DEFERRED_TO_BREAK_A_CYCLE: dict[tuple[str, str], str] = {
-    ("tokenfeed.server.objstore.storage", "tokenfeed.server.objstore.s3store"): (
-        "S3Store implements storage's ObjectStore; deferred, boto3 loads only for s3:// URIs"
+    ("tokenfeed.server.objstore.storage", "tokenfeed.server.objstore.s3backend"): (
+        "S3Backend implements storage's ObjectBackend; deferred, boto3 loads only for s3:// URIs"
     ),
     ("tokenfeed.server.serve.app", "tokenfeed.server.serve.workers"): (
         "the supervisor and its workers start jobs with app's helpers; a single process never"

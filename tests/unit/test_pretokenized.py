@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.errors import ConfigError, SourceError
-from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo, Storage
+from tokenfeed.server.objstore.localfiles import LocalBackend
+from tokenfeed.server.objstore.objects import ObjectInfo
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import SourceSpec, from_dict
 from tokenfeed.server.source import pretokenized
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks, source_kind
@@ -30,10 +32,10 @@ LARGE = SimpleNamespace(vocab_size=100_000, dtype=np.dtype(np.int32), eos_id=EOS
 
 
 class CountingStore:
-    """LocalStore, recording every read: (uri, start, end) or (uri, "open")."""
+    """LocalBackend, recording every read: (uri, start, end) or (uri, "open")."""
 
     def __init__(self):
-        self.inner, self.reads = LocalStore(), []
+        self.inner, self.reads = LocalBackend(), []
 
     def list(self, pattern):
         return self.inner.list(pattern)
@@ -47,7 +49,7 @@ class CountingStore:
         return self.inner.open(obj)
 
 
-class OneStore(Storage):
+class OneStore(ObjectStorage):
     def __init__(self, store):
         super().__init__()
         self.store = store
@@ -70,7 +72,7 @@ def plan(idx: Path, chunk_bytes: int, store=None, **spec) -> list[Chunk]:
 
 def read_all(chunks: list[Chunk], tokenizer=SMALL, store=None):
     """(documents, bad records, records) over the chunks in order."""
-    store = store or LocalStore()
+    store = store or LocalBackend()
     docs, bad, records = [], [], 0
     for chunk in chunks:
         got = pretokenized.read_chunk(store, chunk, tokenizer)
@@ -146,7 +148,7 @@ def test_record_ids_count_from_the_chunks_first_sequence(tmp_path):
     docs[7] = np.array([2000])  # out of the vocabulary: a bad record, not a document
     idx = mmidx.write(tmp_path / "d", docs, np.uint16)
     [chunk] = plan(idx, 2**20)
-    got = pretokenized.read_chunk(LocalStore(), chunk, SMALL)
+    got = pretokenized.read_chunk(LocalBackend(), chunk, SMALL)
     assert got.record_ids == [i for i in range(40) if i != 7]
     assert got.records == 40
 
@@ -194,7 +196,7 @@ def test_a_trailing_eos_is_not_doubled_by_the_packer(tmp_path):
     docs = [[5, 6, EOS], [EOS, 7], [8, EOS, EOS], [EOS], [9]]
     idx = mmidx.write(tmp_path / "d", docs, np.uint16)
     [chunk] = plan(idx, 2**20)
-    got = pretokenized.read_chunk(LocalStore(), chunk, SMALL)
+    got = pretokenized.read_chunk(LocalBackend(), chunk, SMALL)
     bounds = np.concatenate([[0], np.cumsum(got.lengths)])
     served = [got.tokens[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     assert served == [[5, 6], [EOS, 7], [8, EOS], [9]]
@@ -298,7 +300,7 @@ def test_a_corrupt_dataset_is_a_source_error_naming_the_object(tmp_path, kind):
 
 def test_the_pattern_must_name_the_index(tmp_path):
     mmidx.write(tmp_path / "d", random_docs(5), np.uint16)
-    [info] = LocalStore().list(str(tmp_path / "d.bin"))
+    [info] = LocalBackend().list(str(tmp_path / "d.bin"))
     with pytest.raises(SourceError, match=r"d\.bin: a Megatron source must match the \.idx"):
         plan_chunks([(info, SourceSpec(str(tmp_path / "*"), format="megatron"))], 1024)
 

@@ -15,7 +15,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.errors import SourceChangedError, SourceError
-from tokenfeed.server.objstore.storage import LocalStore, ObjectInfo
+from tokenfeed.server.objstore.localfiles import LocalBackend
+from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.settings.config import SourceSpec
 from tokenfeed.server.source.chunks import Chunk, plan_chunks
 from tokenfeed.server.source.readers import read_documents
@@ -39,7 +40,7 @@ def good(text: str) -> bytes:
 
 
 def info_for(path: Path) -> ObjectInfo:
-    [info] = LocalStore().list(str(path))
+    [info] = LocalBackend().list(str(path))
     return info
 
 
@@ -49,7 +50,7 @@ def plan(path: Path, chunk_bytes: int = 2**20, **spec) -> list[Chunk]:
 
 def read_all(chunks: list[Chunk]) -> tuple[list[str], list[tuple[str, str]], int]:
     """(texts, [(reason, location)], records) over the chunks in order."""
-    store = LocalStore()
+    store = LocalBackend()
     texts, bad, records = [], [], 0
     for chunk in chunks:
         docs = read_documents(store, chunk)
@@ -96,7 +97,7 @@ def test_bad_records_are_located_by_line_in_every_chunk(tmp_path, chunk_bytes):
 def test_bad_record_detail_and_str(tmp_path):
     path = write_lines(tmp_path / "s.jsonl", [good("a"), b'{"text": 42}'])
     [chunk] = plan(path)
-    [bad] = read_documents(LocalStore(), chunk).bad
+    [bad] = read_documents(LocalBackend(), chunk).bad
     assert str(bad) == f"{info_for(path).uri}:2: not_text ('text' is int)"
 
 
@@ -131,7 +132,7 @@ def test_range_chunks_partition_the_lines(kinds, chunk_bytes, trailing_newline):
         assert all(a.end == b.start for a, b in zip(chunks, chunks[1:], strict=False))
         assert all(0 < c.end - c.start <= chunk_bytes for c in chunks)
 
-        store = LocalStore()
+        store = LocalBackend()
         for chunk in chunks:
             # A chunk holds exactly the lines that start inside its byte range.
             mine = [i for i, s in enumerate(starts) if chunk.start <= s < chunk.end]
@@ -357,7 +358,7 @@ def test_truncated_zstd_is_refused_not_read_short(tmp_path):
     whole = zstandard.ZstdCompressor().compress(lines.encode())
     path = tmp_path / "cut.jsonl.zst"
     path.write_bytes(whole[: len(whole) // 2])
-    store = LocalStore()
+    store = LocalBackend()
     (chunk,) = plan_chunks([(store.list(str(path))[0], SourceSpec(str(path)))], 2**20)
     with pytest.raises(SourceError, match="truncated"):
         read_documents(store, chunk)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.errors import StoreCorruptError
+from tokenfeed.server.errors import ChunkMissing, StoreCorruptError
 from tokenfeed.server.store.chunkfiles import decode_idx, encode_idx
-from tokenfeed.server.store.tokstore import ChunkMissing, TokenStore
+from tokenfeed.server.store.tokstore import TokenStore
 
 KEY = "ab" + "0123456789abcdef" * 2
 

@@ -12,9 +12,17 @@ TokenfeedError
 ├── BadRecordError         a record is malformed and the policy is strict  (FAILED_PRECONDITION)
 ├── CacheTooSmallError     the cache budget cannot hold a job's working set (FAILED_PRECONDITION)
 ├── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
-└── LocalError             this server cannot do it now; another may       (UNAVAILABLE)
-    ├── CacheFullError     pinned entries leave no room under the budget
-    └── ObjectStoreError   object storage failed after every retry
+├── LocalError             this server cannot do it now; another may       (UNAVAILABLE)
+│   ├── CacheFullError     pinned entries leave no room under the budget
+│   ├── ObjectStoreError   object storage failed after every retry
+│   └── SupervisorUnavailable  a serving worker's supervisor does not answer
+└── Signal                 inside the server only: caught where it is raised (never a status)
+    ├── NotBuiltError      a step's chunks are not built yet (wait, then NotReadyError)
+    ├── ChunkMissing       a chunk's body is not in the cache (evicted, never built): build it
+    └── BuildCancelled     the server is shutting down; the chunk being made is abandoned
+
+SourceError also has StoreMismatchError: the shared store holds a dataset of the same name made
+from other inputs.
 """
 
 from __future__ import annotations
@@ -46,14 +54,6 @@ class NotReadyError(TokenfeedError):
         self.retry_after = retry_after  # seconds; sent as the grpc-retry-pushback-ms trailer
 
 
-class NotBuiltError(Exception):
-    """Inside the server: a step's chunks are not built yet (wait, then NotReadyError)."""
-
-    def __init__(self, why: tuple[str, float]):
-        super().__init__(why[0])
-        self.retry_after = why[1]
-
-
 class JobFailedError(TokenfeedError):
     pass
 
@@ -64,6 +64,10 @@ class SourceError(TokenfeedError):
 
 class SourceChangedError(SourceError):
     pass
+
+
+class StoreMismatchError(SourceError):
+    """The shared store holds a dataset of the same name made from other inputs."""
 
 
 class BadRecordError(TokenfeedError):
@@ -89,3 +93,29 @@ class CacheFullError(LocalError):
 
 class ObjectStoreError(LocalError):
     pass
+
+
+class SupervisorUnavailable(LocalError):
+    """A serving worker's supervisor cannot do it now (restarting, still listing, its disk):
+    UNAVAILABLE to clients, retried by the worker's index build."""
+
+
+class Signal(TokenfeedError):
+    """Control flow inside the server, caught where it is raised; one that escaped would be a
+    bug, answered INTERNAL."""
+
+
+class NotBuiltError(Signal):
+    """A step's chunks are not built yet: the request waits, then gets NotReadyError."""
+
+    def __init__(self, why: tuple[str, float]):
+        super().__init__(why[0])
+        self.retry_after = why[1]
+
+
+class ChunkMissing(Signal):
+    """The chunk's body is not in the cache (evicted, or never built): build it."""
+
+
+class BuildCancelled(Signal):
+    """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tokenfeed.client.errors import TokenfeedClientError
 from tokenfeed.server.errors import ConfigError, JobFailedError, TokenfeedError
-from tokenfeed.server.operate import logs
 from tokenfeed.server.settings import config as configmod
+from tokenfeed.server.telemetry import logs
 
 log = logging.getLogger("tokenfeed")
 # Where the remote commands look for a bearer token when no flag names one.
@@ -108,11 +108,11 @@ def cmd_build(args) -> int:
 
 def _tokenizer(cfg: configmod.Config, spec: configmod.JobSpec):
     """The job's tokenizer, read where the config says (a path or an object-store URI)."""
-    from tokenfeed.server.objstore.storage import Storage
+    from tokenfeed.server.objstore.storage import ObjectStorage
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
     try:
-        raw = Storage(cfg.object_store).read_object(spec.tokenizer.path)[1]
+        raw = ObjectStorage(cfg.object_store).read_object(spec.tokenizer.path)[1]
     except OSError as e:
         raise ConfigError(f"cannot read {spec.tokenizer.path}: {e}") from e
     return TextTokenizer(spec.tokenizer, raw)

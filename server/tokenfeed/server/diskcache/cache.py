@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from tokenfeed.server.diskcache.diskfiles import write_atomic
 from tokenfeed.server.diskcache.ledger import Entry, EntryKey, Ledger
 from tokenfeed.server.errors import CacheFullError, CacheTooSmallError
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 if TYPE_CHECKING:
     pass

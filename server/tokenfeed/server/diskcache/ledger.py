@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge

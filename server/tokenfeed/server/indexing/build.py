@@ -35,7 +35,7 @@ from tokenfeed.server.diskcache.diskfiles import lock_directory
 from tokenfeed.server.errors import JobFailedError
 from tokenfeed.server.indexing.index import DatasetIndex
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.objstore.storage import Storage
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.chunkfiles import ChunkIndex
@@ -76,7 +76,7 @@ def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job
     if scan:  # the parent owns the directory; its worker processes write into it
         lock_directory(Path(config.server.cache_dir), "tokenfeed build")
     cache = DiskCache(config.server.cache_dir, 2**62)
-    storage = Storage(config.object_store, None)
+    storage = ObjectStorage(config.object_store, None)
     shared = SharedStore(config.store, storage) if config.store.uri else None
     job = Job(config.job(name), TokenStore(cache.root, cache, scan), storage, shared)
     if job.state == "failed":  # a one-shot command wants the error, not a retry

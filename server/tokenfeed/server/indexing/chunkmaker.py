@@ -18,13 +18,19 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tokenfeed.server.errors import BadRecordError, SourceChangedError, StoreCorruptError
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.errors import (
+    BadRecordError,
+    BuildCancelled,
+    ChunkMissing,
+    SourceChangedError,
+    StoreCorruptError,
+)
 from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.source import pretokenized
 from tokenfeed.server.source.readers import BadRecord, ChunkDocuments, read_pieces
 from tokenfeed.server.store.chunkfiles import ChunkIndex, encode_chunk
-from tokenfeed.server.store.tokstore import ChunkMissing, TokenChunk
+from tokenfeed.server.store.tokstore import TokenChunk
+from tokenfeed.server.telemetry import metrics
 from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS, TextTokenizer
 
 if TYPE_CHECKING:
@@ -57,10 +63,6 @@ def _slot(tokenizer: TextTokenizer) -> AbstractContextManager:
         return contextlib.nullcontext()
     with _SLOTS_LOCK:
         return _TIKTOKEN_SLOTS.setdefault(tokenizer, threading.Lock())
-
-
-class BuildCancelled(Exception):
-    """The server is shutting down; the chunk being tokenized is abandoned (nothing stored)."""
 
 
 class ChunkMaker:

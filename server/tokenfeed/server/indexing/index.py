@@ -27,15 +27,16 @@ from concurrent.futures import Executor
 
 import numpy as np
 from tokenfeed.server.errors import (
+    BuildCancelled,
     LocalError,
     NotReadyError,
     SourceError,
     TokenfeedError,
 )
 from tokenfeed.server.indexing.chunkkeys import ChunkKeys
-from tokenfeed.server.indexing.chunkmaker import BuildCancelled, ChunkMaker
-from tokenfeed.server.objstore.storage import ObjectInfo, Storage
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.indexing.chunkmaker import ChunkMaker
+from tokenfeed.server.objstore.objects import ObjectInfo
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.sampling import order
 from tokenfeed.server.serve.control import SupervisorLink
 from tokenfeed.server.settings.config import DatasetSpec, JobSpec, SourceSpec
@@ -43,6 +44,7 @@ from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chu
 from tokenfeed.server.store.chunkfiles import ChunkIndex
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
+from tokenfeed.server.telemetry import metrics
 from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ class DatasetIndex:
         dataset: DatasetSpec,
         store: TokenStore,
         tokenizer: TextTokenizer | None,
-        storage: Storage,
+        storage: ObjectStorage,
         shared: SharedStore | None = None,
         supervisor: SupervisorLink | None = None,
     ):
@@ -135,10 +137,10 @@ class DatasetIndex:
                 self._tell()  # waiting requests go elsewhere now
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_SECONDS[1])
+            except BuildCancelled:
+                return
             except TokenfeedError as e:
                 self._fail(str(e))
-                return
-            except BuildCancelled:
                 return
             except Exception as e:  # local: disk, memory, a bug; another server may do better
                 if not retry:

@@ -31,8 +31,7 @@ from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetInde
 from tokenfeed.server.jobs.explain import explain_rows
 from tokenfeed.server.jobs.prefetch import keep_ahead
 from tokenfeed.server.jobs.progress import Progress
-from tokenfeed.server.objstore.storage import Storage
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
 from tokenfeed.server.pack.assembly import Assembler
 from tokenfeed.server.sampling import order
@@ -43,6 +42,7 @@ from tokenfeed.server.settings.config import JobSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenStore
+from tokenfeed.server.telemetry import metrics
 from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,13 @@ class Job:
         self,
         spec: JobSpec,
         store: TokenStore,
-        storage: Storage | None = None,
+        storage: ObjectStorage | None = None,
         shared: SharedStore | None = None,
         supervisor: SupervisorLink | None = None,
         stream_cache_bytes: int = 512 * 2**20,
     ):
         self.spec, self.name, self.store = spec, spec.name, store
-        self.storage = storage = storage or Storage()
+        self.storage = storage = storage or ObjectStorage()
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
         # (DatasetIndex's annotation says the tokenizer is always there).

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tokenfeed.server.errors import BadRecordError, SourceError
 from tokenfeed.server.indexing.index import READY
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 if TYPE_CHECKING:
     from tokenfeed.server.jobs.job import Job

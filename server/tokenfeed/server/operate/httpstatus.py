@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.jobs.job import READY, Job
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
 

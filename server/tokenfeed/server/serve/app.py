@@ -22,7 +22,7 @@ from tokenfeed.server.diskcache.eviction import FutureUse
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.objstore.blockfiles import BlockFiles
-from tokenfeed.server.objstore.storage import Storage
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.operate.httpstatus import start_http
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.settings.config import Config
@@ -39,7 +39,7 @@ def build_jobs(config: Config) -> dict[str, Job]:
     # The directory is this process's alone while it lives (its rescan removes partial writes).
     lock_directory(Path(config.server.cache_dir), "this process")
     cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
-    storage = Storage(config.object_store, BlockFiles(cache))
+    storage = ObjectStorage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
     jobs = {

@@ -32,20 +32,15 @@ from pathlib import Path
 from tokenfeed.server.errors import (
     BadRecordError,
     JobFailedError,
-    LocalError,
     NotReadyError,
     SourceChangedError,
     SourceError,
     StoreCorruptError,
+    SupervisorUnavailable,
     TokenfeedError,
 )
 
 log = logging.getLogger(__name__)
-
-
-class SupervisorUnavailable(LocalError):
-    """The supervisor cannot do it now (restarting, still listing, its disk): UNAVAILABLE to
-    clients, retried by the worker's index build."""
 
 
 PLAN_WAIT_SECONDS = 0.05  # how often `chunks` looks again while the supervisor still plans

@@ -17,10 +17,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.operate import metrics
 from tokenfeed.server.serve import auth
 from tokenfeed.server.serve.service import TokenFeedServicer, register
 from tokenfeed.server.settings.config import Config
+from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from tokenfeed.client import wire
 from tokenfeed.server import errors
 from tokenfeed.server.jobs.describe import job_info, num_sources
 from tokenfeed.server.jobs.job import READY, Job
-from tokenfeed.server.operate import metrics
 from tokenfeed.server.sampling.planner import Plan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
+from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 

@@ -32,15 +32,16 @@ from pathlib import Path
 
 import uvloop
 from prometheus_client.metrics_core import Metric
+from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.objstore.storage import Storage
-from tokenfeed.server.operate import logs, metrics
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.operate.httpstatus import start_http
 from tokenfeed.server.serve.app import build_jobs, check_budget, start_builds, write_ready
-from tokenfeed.server.serve.control import Supervised, SupervisorLink, SupervisorUnavailable
+from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.store.tokstore import StoreView
+from tokenfeed.server.telemetry import logs, metrics
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +328,7 @@ async def _worker(
         loop.add_signal_handler(sig, stop.set)
     parent = os.getppid()
     store = StoreView(config.server.cache_dir)
-    storage = Storage(config.object_store)  # explain's reads only: no block cache here
+    storage = ObjectStorage(config.object_store)  # explain's reads only: no block cache here
     jobs = {
         spec.name: Job(spec, store, storage, None, link, config.server.stream_cache_bytes)
         for spec in config.jobs

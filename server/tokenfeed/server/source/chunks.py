@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.objstore.storage import ObjectInfo, ObjectStore, Storage
+from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import JSONL_SUFFIXES, SourceSpec
 from tokenfeed.server.source.megatron import megatron_bin, megatron_header
 
@@ -183,7 +184,7 @@ def is_token_list(kind: pa.DataType) -> bool:
     )
 
 
-def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
+def _parquet_chunks(store: ObjectBackend, obj: ObjectInfo, spec: SourceSpec) -> list[Chunk]:
     # Row groups are read whole from the footer's offsets; only the one column is decoded.
     tokens = spec.token_field is not None
     field = spec.text_field if spec.token_field is None else spec.token_field
@@ -237,7 +238,7 @@ def _parquet_chunks(store: ObjectStore, obj: ObjectInfo, spec: SourceSpec) -> li
     return chunks
 
 
-def _megatron_chunks(store: ObjectStore, idx: ObjectInfo, chunk_bytes: int) -> list[Chunk]:
+def _megatron_chunks(store: ObjectBackend, idx: ObjectInfo, chunk_bytes: int) -> list[Chunk]:
     header = megatron_header(store, idx)
     data = megatron_bin(store, idx)
     n, itemsize = header.sequences, header.dtype.itemsize
@@ -265,11 +266,13 @@ def _megatron_chunks(store: ObjectStore, idx: ObjectInfo, chunk_bytes: int) -> l
 
 
 def plan_chunks(
-    objects: list[tuple[ObjectInfo, SourceSpec]], chunk_bytes: int, storage: Storage | None = None
+    objects: list[tuple[ObjectInfo, SourceSpec]],
+    chunk_bytes: int,
+    storage: ObjectStorage | None = None,
 ) -> list[Chunk]:
     """Chunks of every source object, in URI order, small ones grouped (see the module's
     docstring); empty objects contribute none."""
-    storage = storage or Storage()
+    storage = storage or ObjectStorage()
     grouper = _Grouper(chunk_bytes)
     for obj, spec in sorted(objects, key=lambda pair: pair[0].uri):
         kind = source_kind(obj.uri, spec.format, spec.token_field)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.objstore.storage import ObjectInfo, ObjectStore
+from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
 from tokenfeed.server.store.chunkfiles import CODE_DTYPES, IDX_MAGIC, IDX_VERSION
 
 MEGATRON_HEADER_BYTES = 34
@@ -33,7 +33,7 @@ class MegatronHeader:
         return MEGATRON_HEADER_BYTES + 4 * self.sequences + 8 * i
 
 
-def megatron_header(store: ObjectStore, idx: ObjectInfo) -> MegatronHeader:
+def megatron_header(store: ObjectBackend, idx: ObjectInfo) -> MegatronHeader:
     """The header of a Megatron .idx, checked against the object's size."""
     raw = store.read_range(idx, 0, MEGATRON_HEADER_BYTES)
     if len(raw) < MEGATRON_HEADER_BYTES or raw[: len(IDX_MAGIC)] != IDX_MAGIC:
@@ -62,7 +62,7 @@ def megatron_header(store: ObjectStore, idx: ObjectInfo) -> MegatronHeader:
     return MegatronHeader(_TOKEN_DTYPES[code], n, docs)
 
 
-def megatron_bin(store: ObjectStore, idx: ObjectInfo) -> ObjectInfo:
+def megatron_bin(store: ObjectBackend, idx: ObjectInfo) -> ObjectInfo:
     """The .bin beside a Megatron .idx, listed (so pinned) like any source object."""
     uri = idx.uri[: -len(".idx")] + ".bin"
     pattern = re.sub(r"([*?\[])", r"[\1]", uri)  # the name taken literally, not as a glob

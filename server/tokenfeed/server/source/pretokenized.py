@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.objstore.storage import ObjectStore
+from tokenfeed.server.objstore.objects import ObjectBackend
 from tokenfeed.server.source.chunks import Chunk, is_token_list
 from tokenfeed.server.source.megatron import megatron_header
 from tokenfeed.server.source.readers import BadRecord, read_parts
@@ -72,7 +72,7 @@ class _Records:
     refused: dict[int, BadRecord] = field(default_factory=dict)  # record -> why
 
 
-def read_chunk(store: ObjectStore, chunk: Chunk, tokenizer: TextTokenizer) -> PretokenizedChunk:
+def read_chunk(store: ObjectBackend, chunk: Chunk, tokenizer: TextTokenizer) -> PretokenizedChunk:
     """The documents of a pre-tokenized chunk; `store` serves `chunk.source` (and its .bin), and
     each part's of a group, whose documents are its parts' one after another."""
     if chunk.parts:
@@ -86,7 +86,7 @@ def read_chunk(store: ObjectStore, chunk: Chunk, tokenizer: TextTokenizer) -> Pr
     return _checked(records, tokenizer)
 
 
-def _read_megatron(store: ObjectStore, chunk: Chunk) -> _Records:
+def _read_megatron(store: ObjectBackend, chunk: Chunk) -> _Records:
     idx, data = chunk.source, chunk.companion
     if data is None:
         raise ValueError(f"{chunk.describe()}: a Megatron chunk without its .bin")
@@ -127,7 +127,7 @@ def _read_megatron(store: ObjectStore, chunk: Chunk) -> _Records:
     return _Records(ids, lengths, a, f"{idx.uri} document")
 
 
-def _read_parquet_tokens(store: ObjectStore, chunk: Chunk) -> _Records:
+def _read_parquet_tokens(store: ObjectBackend, chunk: Chunk) -> _Records:
     try:
         with store.open(chunk.source) as f:
             table = pq.ParquetFile(f).read_row_group(chunk.row_group, columns=[chunk.text_field])

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 from tokenfeed.server.errors import SourceError, StoreCorruptError
-from tokenfeed.server.objstore.storage import ObjectInfo, ObjectStore, Storage
+from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.chunkfiles import DataStart, PartStart, Provenance
 
@@ -63,7 +64,7 @@ class ChunkDocuments:
     data_start: DataStart = 0
 
 
-def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
+def _line_range(store: ObjectBackend, chunk: Chunk) -> tuple[bytes, int]:
     """The bytes of the lines that start in [chunk.start, chunk.end), and where they start."""
     obj, size = chunk.source, chunk.source.size
     lo = max(chunk.start - 1, 0)
@@ -91,11 +92,11 @@ def _line_range(store: ObjectStore, chunk: Chunk) -> tuple[bytes, int]:
 
 
 @lru_cache(maxsize=65536)
-def _newlines_in_block(store: ObjectStore, obj: ObjectInfo, k: int) -> int:
+def _newlines_in_block(store: ObjectBackend, obj: ObjectInfo, k: int) -> int:
     return store.read_range(obj, k * _BLOCK, (k + 1) * _BLOCK).count(b"\n")
 
 
-def _count_lines_before(store: ObjectStore, chunk: Chunk, offset: int) -> int:
+def _count_lines_before(store: ObjectBackend, chunk: Chunk, offset: int) -> int:
     """Newlines in [0, offset). Whole aligned blocks are counted once per process, so locating
     bad records in many chunks of one file reads the file about once, not once per chunk."""
     full = offset // _BLOCK
@@ -116,7 +117,7 @@ def _unzstd(raw: bytes) -> bytes:
     return b"".join(out)
 
 
-def _decompressed(store: ObjectStore, chunk: Chunk) -> bytes:
+def _decompressed(store: ObjectBackend, chunk: Chunk) -> bytes:
     raw = store.read_range(chunk.source, 0, chunk.source.size)
     try:
         return gzip.decompress(raw) if chunk.kind == "jsonl.gz" else _unzstd(raw)
@@ -165,13 +166,13 @@ def _single_start(chunk: Chunk | None, data_start: DataStart) -> int:
     return data_start
 
 
-def _read_jsonl(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+def _read_jsonl(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
     docs = ChunkDocuments([], [], 0, [])
     docs.texts = list(_jsonl_texts(store, chunk, docs, _jsonl_data(store, chunk, docs)))
     return docs
 
 
-def _jsonl_data(store: ObjectStore, chunk: Chunk, docs: ChunkDocuments) -> bytes:
+def _jsonl_data(store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments) -> bytes:
     """The chunk's lines (decompressed); where they start goes to `docs`."""
     if chunk.kind == "jsonl":
         data, docs.data_start = _line_range(store, chunk)
@@ -181,7 +182,7 @@ def _jsonl_data(store: ObjectStore, chunk: Chunk, docs: ChunkDocuments) -> bytes
 
 
 def _jsonl_texts(
-    store: ObjectStore, chunk: Chunk, docs: ChunkDocuments, data: bytes
+    store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments, data: bytes
 ) -> Iterator[str]:
     """The good texts of the chunk's lines `data`, one at a time; its bad records, record
     count and record ids go to `docs` as the lines are parsed (its `texts` are the caller's)."""
@@ -198,7 +199,7 @@ def _jsonl_texts(
         docs.bad.append(BadRecord(item.reason, location, item.detail))
 
 
-def line_number(store: ObjectStore, chunk: Chunk, data_start: int, record: int) -> int:
+def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int) -> int:
     """1-based line of the chunk's `record`-th record (simple JSON Lines chunks; any chunk:
     `locate_record`)."""
     if chunk.parts:
@@ -208,7 +209,7 @@ def line_number(store: ObjectStore, chunk: Chunk, data_start: int, record: int) 
 
 
 def locate_record(
-    storage: Storage, chunk: Chunk, provenance: Provenance, record: int
+    storage: ObjectStorage, chunk: Chunk, provenance: Provenance, record: int
 ) -> tuple[str, str]:
     """(object URI, "line N" | "row N" | "document N") of the chunk's `record`-th record, for a
     simple chunk or a group alike. `provenance` is `TokenStore.provenance(key)` of the chunk's
@@ -240,7 +241,7 @@ def locate_record(
 
 
 def read_parts(
-    store: ObjectStore, chunk: Chunk, read: Callable[[ObjectStore, Chunk], T]
+    store: ObjectBackend, chunk: Chunk, read: Callable[[ObjectBackend, Chunk], T]
 ) -> list[T]:
     """`read(store, part)` of each part of a group (or of a simple chunk itself), in order.
     From object storage `store.parallel_reads` parts are read at once: each small object is a
@@ -256,7 +257,7 @@ def read_parts(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+def _read_parquet(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
     try:
         with store.open(chunk.source) as f:
             table = pq.ParquetFile(f).read_row_group(chunk.row_group, columns=[chunk.text_field])
@@ -285,7 +286,7 @@ def _read_parquet(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
     return ChunkDocuments(texts, bad, len(table), ids)
 
 
-def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
+def read_documents(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
     """The documents of a chunk; a group's are its parts' one after another."""
     if chunk.parts:
         return _joined(read_parts(store, chunk, read_documents))
@@ -295,7 +296,7 @@ def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
 
 
 def read_pieces(
-    store: ObjectStore, chunk: Chunk, docs_per_piece: int
+    store: ObjectBackend, chunk: Chunk, docs_per_piece: int
 ) -> tuple[ChunkDocuments, Iterator[list[str]]]:
     """The documents of a chunk a piece at a time, so that tokenizing one piece overlaps
     parsing the next: (its records, the pieces of its texts). The records' bad records, count

@@ -28,21 +28,17 @@ from pathlib import Path
 
 import botocore.exceptions as bce
 from tokenfeed.server.diskcache.diskfiles import write_atomic
-from tokenfeed.server.errors import SourceError, StoreCorruptError
-from tokenfeed.server.objstore.s3store import S3Store, split_uri
-from tokenfeed.server.objstore.storage import Storage
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.errors import StoreCorruptError, StoreMismatchError
+from tokenfeed.server.objstore.s3backend import S3Backend, split_uri
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import StoreSpec
 from tokenfeed.server.store.chunkfiles import EncodedChunk, parse_manifest
+from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
 BODY_SUFFIXES = ("bin", "idx", "rec")
-
-
-class StoreMismatchError(SourceError):
-    """The shared store holds a dataset of the same name made from other inputs."""
 
 
 class _LocalBlobs:
@@ -75,9 +71,9 @@ class _LocalBlobs:
 
 
 class _S3Blobs:
-    """An `s3://bucket/prefix/`, through S3Store's client and retry policy."""
+    """An `s3://bucket/prefix/`, through S3Backend's client and retry policy."""
 
-    def __init__(self, s3: S3Store, uri: str):
+    def __init__(self, s3: S3Backend, uri: str):
         self.s3 = s3
         self.bucket, prefix = split_uri(uri)
         self.prefix = prefix.rstrip("/") + "/" if prefix else ""
@@ -135,7 +131,7 @@ class StoreCounts:
 
 
 class SharedStore:
-    def __init__(self, spec: StoreSpec, storage: Storage):
+    def __init__(self, spec: StoreSpec, storage: ObjectStorage):
         self.spec, self.node = spec, spec.node
         if spec.uri.startswith("s3://"):
             self.blobs: _LocalBlobs | _S3Blobs = _S3Blobs(storage.s3(), spec.uri)

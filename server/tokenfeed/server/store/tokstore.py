@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tokenfeed.server.diskcache.cache import DiskCache, Kind
 from tokenfeed.server.diskcache.diskfiles import write_atomic
-from tokenfeed.server.errors import StoreCorruptError
+from tokenfeed.server.errors import ChunkMissing, StoreCorruptError
 from tokenfeed.server.store.chunkfiles import (
     ChunkIndex,
     DataStart,
@@ -291,10 +291,6 @@ class TokenStore:
         self._verified.discard(key)
         for path in reversed(self._paths(key)):
             path.unlink(missing_ok=True)
-
-
-class ChunkMissing(Exception):
-    """The chunk's body is not in the cache (evicted, or never built): build it."""
 
 
 class StoreView(TokenStore):

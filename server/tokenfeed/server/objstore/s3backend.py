@@ -32,9 +32,9 @@ import botocore.config
 import botocore.exceptions as bce
 from tokenfeed.server.errors import ObjectStoreError, SourceChangedError, SourceError
 from tokenfeed.server.objstore.blockfiles import BlockFiles
-from tokenfeed.server.objstore.storage import ObjectInfo
-from tokenfeed.server.operate import metrics
+from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.settings.config import ObjectStoreSpec
+from tokenfeed.server.telemetry import metrics
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def _has_magic(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-class S3Store:
+class S3Backend:
     def __init__(self, spec: ObjectStoreSpec, blocks: BlockFiles | None):
         self.spec, self.blocks = spec, blocks
         session = boto3.session.Session(profile_name=spec.profile)
@@ -325,7 +325,7 @@ class S3Store:
 class _RangeFile(io.RawIOBase):
     """A seekable read-only file over an object, for readers that seek (Parquet)."""
 
-    def __init__(self, store: S3Store, obj: ObjectInfo):
+    def __init__(self, store: S3Backend, obj: ObjectInfo):
         self.store, self.obj, self.pos = store, obj, 0
 
     def readable(self) -> bool:
