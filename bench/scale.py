@@ -67,9 +67,10 @@ def _config(work: Path, corpus: Path, tokenizer: Path) -> dict:
 
 async def _serve(work: Path, ready_file: str) -> None:
     from tokenfeed.server.indexing.index import READY
-    from tokenfeed.server.objstore.storage import ObjectInfo
+    from tokenfeed.server.jobs.stack import build_jobs
+    from tokenfeed.server.objstore.objects import ObjectInfo
     from tokenfeed.server.sampling.order import permute, round_keys
-    from tokenfeed.server.serve.app import build_jobs, write_ready
+    from tokenfeed.server.serve.background import write_ready
     from tokenfeed.server.serve.front import Front
     from tokenfeed.server.settings import config as configmod
     from tokenfeed.server.source.chunks import Chunk

@@ -62,8 +62,8 @@ def index_child(lookups: int) -> None:
     """In a fresh process: a 300k-chunk index, random step lookups; prints JSON figures."""
     import numpy as np
     from tokenfeed.server.indexing.index import READY
-    from tokenfeed.server.objstore.storage import ObjectInfo
-    from tokenfeed.server.serve.app import build_jobs
+    from tokenfeed.server.jobs.stack import build_jobs
+    from tokenfeed.server.objstore.objects import ObjectInfo
     from tokenfeed.server.settings import config as configmod
     from tokenfeed.server.source.chunks import Chunk
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from tokenfeed.server.commands import democorpus
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS
 from tokenizers import Tokenizer

@@ -50,7 +50,7 @@ def built_job(cache: Path, spec: dict, name: str = "j"):
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from tokenfeed.server.serve.app import build_jobs
+    from tokenfeed.server.jobs.stack import build_jobs
     from tokenfeed.server.settings import config as configmod
 
     raw = {"server": {"cache_dir": str(cache)}, "jobs": {name: spec}}

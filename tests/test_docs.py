@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from support import TOKENIZER, job_spec, write_jsonl
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 from tokenizers import Tokenizer
 

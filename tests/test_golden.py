@@ -16,7 +16,7 @@ from pathlib import Path
 
 from support import DATA, TOKENIZER, ServerProcess, job_spec, write_config
 from tokenfeed.client import wire
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 
 GOLDEN = DATA / "golden" / "expected.json"

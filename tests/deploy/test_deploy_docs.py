@@ -6,7 +6,7 @@ import re
 import time
 
 from deploy_support import DEPLOY, K8S, ROOT, manifest, run
-from tokenfeed.server.serve.app import check_budget
+from tokenfeed.server.jobs.stack import check_budget
 from tokenfeed.server.settings import config as configmod
 
 GUIDE = ROOT / "docs" / "deployment.md"

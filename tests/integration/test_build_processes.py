@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import job_spec, write_config
 from tokenfeed.server.errors import BadRecordError
-from tokenfeed.server.indexing import build
+from tokenfeed.server.offline import build
 from tokenfeed.server.settings import config as configmod
 
 

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 from support import ServerProcess, built_job, job_spec, metric, scrape, write_config
-from tokenfeed.server.diskcache.eviction import next_use
+from tokenfeed.server.jobs.future import next_use
 
 
 @pytest.fixture(scope="module")

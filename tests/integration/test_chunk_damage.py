@@ -49,8 +49,8 @@ def test_a_chunk_damaged_under_a_running_server_is_rebuilt_not_served(
     path.write_bytes(bytes(data))
     # The next copy of that chunk (the next epoch's stream, or best_fit's tokens once the copy
     # is gone) checks the digests again, drops the body and rebuilds it.
-    job.rows.buffers = type(job.rows.buffers)(4096, 1)  # nothing kept: every batch copies
-    job.rows.tokens = type(job.rows.tokens)(4096, 1)
+    job.assembler.buffers = type(job.assembler.buffers)(4096, 1)  # nothing kept: every batch copies
+    job.assembler.tokens = type(job.assembler.tokens)(4096, 1)
     with caplog.at_level(logging.WARNING):
         for step in (0, spe + 1):
             got, _ = _batch(job, step)

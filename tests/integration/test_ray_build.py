@@ -330,7 +330,7 @@ def test_ray_build_without_a_shared_store_is_refused(tmp_path, big_corpus, moto_
 
 def test_the_server_never_imports_ray():
     code = (
-        "import sys, tokenfeed.server.serve.app, tokenfeed.server.indexing.build, "
+        "import sys, tokenfeed.server.serve.app, tokenfeed.server.offline.build, "
         "tokenfeed.server.commands.cli; "
         "sys.exit('ray' in sys.modules)"
     )

@@ -85,7 +85,7 @@ def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks
 ):
     kept = _job(tmp_path / "kept", corpus)
     bare = _job(tmp_path / "bare", corpus)
-    bare.rows.buffers = LRU(4096, 1)  # only the newest buffer is kept: tails are copied
+    bare.assembler.buffers = LRU(4096, 1)  # only the newest buffer is kept: tails are copied
     calls = {"cut": 0, "copied": 0}
     cut, stream_slice = packing.RowBuffer.cut, packing.stream_slice
 
@@ -102,7 +102,7 @@ def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks
     spe = kept.steps_per_epoch
     steps = range(spe + 2)  # an epoch and the rows reading on into the next
     _all(kept, [(s, 0, 1) for s in steps])  # lays out every buffer of the kept job
-    kept.rows.buffers = LRU(4096, 2**30)  # lay out again, later chunks' buffers first
+    kept.assembler.buffers = LRU(4096, 2**30)  # lay out again, later chunks' buffers first
     asked = [(s, 0, 1) for s in reversed(steps)]
     for a, b in zip(_all(kept, asked), _all(bare, asked), strict=True):
         _same(a, b)
@@ -116,8 +116,8 @@ def test_a_row_buffer_holds_at_most_seq_len_tokens_past_its_chunk(tmp_path, corp
     for epoch in (0, 1):
         layout = job.layout(0, epoch)
         for position, c in enumerate(layout.chunk_order.tolist()):
-            stream = job.rows.stream(0, epoch, c)
-            buf = job.rows.row_buffer(0, epoch, c, position)
+            stream = job.assembler.stream(0, epoch, c)
+            buf = job.assembler.row_buffer(0, epoch, c, position)
             extra = len(buf.ids) - stream.total
             assert 0 <= extra <= seq_len
             tails += extra > 0

@@ -14,7 +14,7 @@ from support import TOKENIZER, ServerProcess, batch_bytes, job_spec, write_confi
 from tokenfeed.client import wire
 from tokenfeed.server.errors import NotBuiltError
 from tokenfeed.server.indexing.index import READY
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc

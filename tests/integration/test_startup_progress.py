@@ -8,7 +8,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from support import job_spec, write_config
-from tokenfeed.server.serve.app import build_jobs, report_builds
+from tokenfeed.server.jobs.stack import build_jobs
+from tokenfeed.server.serve.background import report_builds
 from tokenfeed.server.settings import config as configmod
 
 
@@ -25,7 +26,7 @@ def test_indexing_jobs_report_progress_until_built(tmp_path, corpus, caplog):
             await build
             await asyncio.wait_for(reporter, 5)  # ends once no job is indexing
 
-    with caplog.at_level(logging.INFO, logger="tokenfeed.server.serve.app"):
+    with caplog.at_level(logging.INFO, logger="tokenfeed.server.serve.background"):
         asyncio.run(run())
     lines = [r.getMessage() for r in caplog.records if "indexing" in r.getMessage()]
     found = [re.search(r"job main: indexing, (\d+)/(\d+) chunks", line) for line in lines]

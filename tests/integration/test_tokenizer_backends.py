@@ -19,7 +19,7 @@ import pytest
 import yaml
 from support import TOKENIZER, job_spec, write_config, write_jsonl
 from tokenfeed.server.commands import democorpus
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 from tokenfeed.server.tokenizer.tokenize import PARITY_DOCS
 

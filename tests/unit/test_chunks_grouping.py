@@ -30,8 +30,9 @@ from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import SourceSpec, from_dict
 from tokenfeed.server.source import pretokenized
 from tokenfeed.server.source.chunks import Chunk, plan_chunks
+from tokenfeed.server.source.provenance import PartStart, Provenance
 from tokenfeed.server.source.readers import locate_record, read_documents
-from tokenfeed.server.store.chunkfiles import PartStart, Provenance, parse_manifest
+from tokenfeed.server.store.chunkfiles import parse_manifest
 from tokenfeed.server.store.tokstore import TokenStore
 
 SPEC = SourceSpec("/corpus/*")

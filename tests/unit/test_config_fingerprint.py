@@ -18,7 +18,7 @@ import pytest
 import yaml
 from s3env import MotoServer, s3_client
 from support import DATA, TOKENIZER
-from tokenfeed.server.serve.app import build_jobs
+from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 
 BUCKET = "tokenfeed-config-fingerprint"

@@ -62,7 +62,7 @@ async def _report_build(job, what: str, started: float) -> None:
 
 def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, world: int):
     """Build the job's index in this process and compute the batch, with no server."""
-    from tokenfeed.server.serve.app import build_jobs
+    from tokenfeed.server.jobs.stack import build_jobs
 
     spec = cfg.job(job_name)
     _say(
@@ -92,13 +92,13 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
 
 
 def cmd_build(args) -> int:
-    from tokenfeed.server.indexing.build import build
+    from tokenfeed.server.offline.build import build
 
     logs.configure("text", logging.WARNING)
     cfg = _load(args)
     names = [cfg.job(args.job).name] if args.job else cfg.job_names()
     if args.ray is not None:
-        from tokenfeed.server.indexing.raybuild import build_on_ray
+        from tokenfeed.server.offline.raybuild import build_on_ray
 
         build_on_ray(cfg, names, args.ray, args.workers)
         return 0
@@ -108,11 +108,11 @@ def cmd_build(args) -> int:
 
 def _tokenizer(cfg: configmod.Config, spec: configmod.JobSpec):
     """The job's tokenizer, read where the config says (a path or an object-store URI)."""
-    from tokenfeed.server.objstore.storage import ObjectStorage
+    from tokenfeed.server.jobs.stack import object_storage
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
     try:
-        raw = ObjectStorage(cfg.object_store).read_object(spec.tokenizer.path)[1]
+        raw = object_storage(cfg).read_object(spec.tokenizer.path)[1]
     except OSError as e:
         raise ConfigError(f"cannot read {spec.tokenizer.path}: {e}") from e
     return TextTokenizer(spec.tokenizer, raw)

@@ -6,8 +6,8 @@
   needed), never a wait that could deadlock.
 - Pins (entries being read are never evicted) and single flight (concurrent misses on one key
   run its fill once).
-- Which entry to evict is the policy's choice (eviction.py: next use, Belady); ties and unknown
-  entries go least recently used first.
+- Which entry to evict is the policy's choice (its owner gives it: the jobs' next use of
+  each entry, Belady, jobs/future.py); ties and unknown entries go least recently used first.
 - O(1) per request: entries and bytes per kind and the unevictable bytes are running totals;
   only making room walks the entries (the evictable ones), only when the budget is exceeded.
 - Deletion: an entry leaves the accounting under the lock and is marked "being deleted"; its
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Next use of each candidate, in steps from now (math.inf: not needed again as far as known).
+UNBOUNDED = 2**62  # bytes: a budget that never binds
 Policy = Callable[[list[EntryKey]], list[float]]
 
 
@@ -57,6 +58,12 @@ class Kind:
 
 
 class DiskCache:
+    @classmethod
+    def unbounded(cls, root: str | Path) -> DiskCache:
+        """A cache without a budget over `root`: an offline build's (its output is the whole
+        store), or that of a store made alone by a tool or a test."""
+        return cls(root, UNBOUNDED)
+
     def __init__(self, root: str | Path, budget: int):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)

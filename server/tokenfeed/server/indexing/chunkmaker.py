@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 from tokenfeed.server.errors import (
@@ -25,16 +25,16 @@ from tokenfeed.server.errors import (
     SourceChangedError,
     StoreCorruptError,
 )
-from tokenfeed.server.pack import bestfit, packing
+from tokenfeed.server.indexing.owner import ChunkOwner
+from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source import pretokenized
+from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.source.readers import BadRecord, ChunkDocuments, read_pieces
 from tokenfeed.server.store.chunkfiles import ChunkIndex, encode_chunk
-from tokenfeed.server.store.tokstore import TokenChunk
+from tokenfeed.server.store.sharedstore import SharedStore
+from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
 from tokenfeed.server.telemetry import metrics
 from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS, TextTokenizer
-
-if TYPE_CHECKING:
-    from tokenfeed.server.indexing.index import DatasetIndex
 
 log = logging.getLogger(__name__)
 
@@ -65,130 +65,139 @@ def _slot(tokenizer: TextTokenizer) -> AbstractContextManager:
         return _TIKTOKEN_SLOTS.setdefault(tokenizer, threading.Lock())
 
 
+@dataclass(frozen=True)
+class MakerSetup:
+    """What one dataset's chunks are made with: where they are kept and fetched from, and the
+    job's policy. The dataset's index (index.py) holds the chunk list and says which chunk."""
+
+    label: str  # "job" or "job/dataset": how messages name the dataset
+    job: str  # the job's name (metrics labels, the owner's requests)
+    position: int  # the dataset's place in its job (the owner's requests)
+    strict: bool  # bad_records: strict
+    store: TokenStore
+    storage: ObjectStorage
+    shared: SharedStore | None = None
+    # In a serving worker: the process that owns the cache, plans and tokenizes (control.py).
+    owner: ChunkOwner | None = None
+
+
 class ChunkMaker:
-    """Makes the chunks of one dataset's index (`ix`: its chunks, keys, store and tokenizer)."""
+    """Makes the chunks of one dataset: each call names the chunk (its number i in the
+    dataset, its key and its plan), so the maker holds no view of the index."""
 
-    def __init__(self, ix: DatasetIndex):
-        self.ix = ix
+    def __init__(self, setup: MakerSetup, cancelled: threading.Event):
+        self.setup, self._cancelled = setup, cancelled
+        self.store, self.shared, self.owner = setup.store, setup.shared, setup.owner
+        self.tokenizer: TextTokenizer | None = None  # the job's, once it is loaded
+        # An offline build into a shared store keeps only manifests here (the store has all).
+        self.keep_bodies = True
 
-    def index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
-        """Runs in a worker thread: index chunk i, or None to come back to it later (it is
-        another live node's to tokenize and not published yet)."""
-        key, shared = self.ix.keys[i], self.ix.shared
-        if self.ix.supervisor is not None and self.ix.store.get_index(key) is None:
+    @property
+    def loaded_tokenizer(self) -> TextTokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError(f"job {self.setup.label}: chunks made before the tokenizer loaded")
+        return self.tokenizer
+
+    def find_or_defer(self, i: int, key: str, chunk: Chunk, since: float) -> ChunkIndex | None:
+        """Runs in a worker thread: chunk i's entry, or None to come back to it later (it is
+        another live node's to tokenize and not published yet, or the owner has not committed
+        it yet)."""
+        shared = self.shared
+        if self.owner is not None and self.store.get_index(key) is None:
             return None  # the supervisor has not committed it yet
-        if shared is not None and self.ix.store.get_index(key) is None:
+        if shared is not None and self.store.get_index(key) is None:
             if shared.manifest(key) is None:
                 if not shared.mine(key):
                     if time.monotonic() - since < shared.spec.takeover_seconds:
                         return None
                     log.info(
                         "job %s: taking over %s from node %s after %.0fs",
-                        self.ix.name,
-                        self.ix.chunks[i].describe(),
+                        self.setup.label,
+                        chunk.describe(),
                         shared.owner(key),
                         time.monotonic() - since,
                     )
                     metrics.STORE_CHUNKS.labels("taken_over").inc()
                     shared.counts.taken_over += 1
-        return self.index_chunk(i)
+        return self.ensure(i, key, chunk)
 
-    def index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
-        """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
-        if self.ix.spec.packing == "concat":
-            entry = self.ensure_chunk(i)
-            return entry, packing.concat_units(
-                entry.num_tokens, entry.num_docs, self.ix.tokenizer.add_bos
-            )
-        # best_fit needs every document's length, not just the totals: the body is opened
-        entry, chunk = self.open_body(i)
-        return entry, bestfit.bestfit_rows(
-            chunk.doc_lengths, self.ix.spec.seq_len, self.ix.tokenizer.add_bos
-        )
-
-    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
+    def open_body(self, i: int, key: str, chunk: Chunk) -> tuple[ChunkIndex, TokenChunk]:
         """Runs in a worker thread: the chunk's tokens, rebuilding them if evicted or corrupt."""
-        key = self.ix.keys[i]
-        with self.ix.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
-            self.ix.store.cache.lookup("chunk", key)  # a hit, or a miss that rebuilds the body
+        with self.store.cache.pinned([("chunk", key)]):  # not evicted between build and open
+            self.store.cache.lookup("chunk", key)  # a hit, or a miss that rebuilds the body
             for _ in range(3):
-                entry = self.ensure_chunk(i, body=True)
+                entry = self.ensure(i, key, chunk, body=True)
                 try:
-                    return entry, self.ix.store.open(key)
+                    return entry, self.store.open(key)
                 except StoreCorruptError as e:
                     log.warning(
-                        "job %s: %s; re-tokenizing %s",
-                        self.ix.name,
-                        e,
-                        self.ix.chunks[i].describe(),
+                        "job %s: %s; re-tokenizing %s", self.setup.label, e, chunk.describe()
                     )
                 except ChunkMissing:
                     pass
         raise StoreCorruptError(
-            f"token chunk {key} of {self.ix.chunks[i].describe()} cannot be rebuilt in the cache"
+            f"token chunk {key} of {chunk.describe()} cannot be rebuilt in the cache"
         )
 
-    def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
+    def ensure(self, i: int, key: str, chunk: Chunk, body: bool = False) -> ChunkIndex:
         """Runs in a worker thread: the chunk's index entry, tokenizing the chunk if it was never
         stored (or, with `body`, if its tokens are not in the cache). Concurrent callers for
         one chunk tokenize it once."""
-        key = self.ix.keys[i]
-        found = self.ix.store.get_index(key)
-        if self.ix.supervisor is not None and (
-            found is None or body and not self.ix.store.has_body(key)
-        ):
-            self.ix.supervisor.ensure(self.ix.spec.name, self.ix.position, i)  # the owner builds it
-            found = self.ix.store.get_index(key)
+        store = self.store
+        found = store.get_index(key)
+        if self.owner is not None and (found is None or body and not store.has_body(key)):
+            self.owner.ensure(self.setup.job, self.setup.position, i)  # the owner builds it
+            found = store.get_index(key)
             if found is None:
                 raise StoreCorruptError(
                     f"token chunk {key} is missing after the supervisor built it"
                 )
-        if found is not None and (not body or self.ix.store.has_body(key)):
+        if found is not None and (not body or store.has_body(key)):
             # Possibly stored by a job with the skip policy: the manifest kept the locations.
             self._check_policy(found.bad_examples)
             return found
         built: list[ChunkIndex] = []
-        self.ix.store.cache.fill_once("chunk", key, lambda: built.append(self._fetch(i, body)))
-        entry = built[0] if built else self.ix.store.get_index(key)
+        store.cache.fill_once("chunk", key, lambda: built.append(self._fetch(key, chunk, body)))
+        entry = built[0] if built else store.get_index(key)
         if entry is None:
             raise StoreCorruptError(f"token chunk {key} vanished while it was built")
         if not built:  # built by another job, whose policy may differ from ours
             self._check_policy(entry.bad_examples)
         if found is not None and entry.digest != found.digest:
             raise SourceChangedError(
-                f"job {self.ix.name}: {self.ix.chunks[i].describe()} tokenized to other bytes than "
+                f"job {self.setup.label}: {chunk.describe()} tokenized to other bytes than "
                 f"when it was indexed ({found.digest} -> {entry.digest}): the source or the "
                 "tokenizer changed; restart the job on a stable corpus"
             )
         return entry
 
-    def _fetch(self, i: int, body: bool) -> ChunkIndex:
+    def _fetch(self, key: str, chunk: Chunk, body: bool) -> ChunkIndex:
         """The chunk from the shared store (its manifest, and its body if `body`), or else
         tokenized here (and published)."""
-        key, shared = self.ix.keys[i], self.ix.shared
+        shared = self.shared
         if shared is not None:
             raw = shared.manifest(key)
             if raw is not None and not body:
                 metrics.STORE_CHUNKS.labels("indexed").inc()
                 shared.counts.fetched += 1
-                return self.ix.store.put_manifest(key, raw)
+                return self.store.put_manifest(key, raw)
             encoded = shared.body(key, raw) if raw is not None else None
             if encoded is not None:
-                return self.ix.store.put_encoded(encoded)
-        return self._tokenize(i)
+                return self.store.put_encoded(encoded)
+        return self._tokenize(key, chunk)
 
-    def _tokenize(self, i: int) -> ChunkIndex:
-        key, chunk = self.ix.keys[i], self.ix.chunks[i]
+    def _tokenize(self, key: str, chunk: Chunk) -> ChunkIndex:
         started = time.monotonic()
-        source = self.ix.storage.for_uri(chunk.source.uri)
+        tokenizer, label = self.loaded_tokenizer, self.setup.label
+        source = self.setup.storage.for_uri(chunk.source.uri)
         docs: pretokenized.PretokenizedChunk | ChunkDocuments
         if chunk.kind in pretokenized.KINDS:  # token ids already: no tokenizer
-            pre = pretokenized.read_chunk(source, chunk, self.ix.tokenizer)
+            pre = pretokenized.read_chunk(source, chunk, tokenizer)
             self._check_policy([str(b) for b in pre.bad])
             docs, tokens, lengths = pre, pre.tokens, pre.lengths
         else:
             docs, pieces = read_pieces(source, chunk, PIECE_DOCS)  # read: I/O, no slot
-            with _slot(self.ix.tokenizer):
+            with _slot(tokenizer):
                 tokens, lengths = self._encode(pieces, docs.bad)
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)
         if (lengths == 0).any():
@@ -200,8 +209,8 @@ class ChunkMaker:
             record_ids = record_ids[lengths > 0]
             lengths = lengths[lengths > 0]
         for b in bad:
-            fields = {"job": self.ix.name, "reason": b.reason, "location": b.location}
-            log.warning("job %s: skipped bad record %s", self.ix.name, b, extra=fields)
+            fields = {"job": label, "reason": b.reason, "location": b.location}
+            log.warning("job %s: skipped bad record %s", label, b, extra=fields)
         counts = dict(Counter(b.reason for b in bad))
         examples = [str(b) for b in bad[:BAD_EXAMPLES_PER_CHUNK]]
         encoded = encode_chunk(
@@ -215,13 +224,14 @@ class ChunkMaker:
             record_ids,
             docs.data_start,
         )
-        entry = self.ix.store.put_encoded(encoded, body=self.ix.keep_bodies)
-        if self.ix.shared is not None:
-            self.ix.shared.publish(encoded)
-        metrics.TOKENIZED_DOCUMENTS.labels(self.ix.spec.name).inc(len(lengths))
-        metrics.TOKENIZED_TOKENS.labels(self.ix.spec.name).inc(len(tokens))
-        metrics.TOKENIZED_BYTES.labels(self.ix.spec.name).inc(chunk.raw_bytes)
-        metrics.TOKENIZE_SECONDS.labels(self.ix.spec.name).inc(time.monotonic() - started)
+        entry = self.store.put_encoded(encoded, body=self.keep_bodies)
+        if self.shared is not None:
+            self.shared.publish(encoded)
+        job = self.setup.job
+        metrics.TOKENIZED_DOCUMENTS.labels(job).inc(len(lengths))
+        metrics.TOKENIZED_TOKENS.labels(job).inc(len(tokens))
+        metrics.TOKENIZED_BYTES.labels(job).inc(chunk.raw_bytes)
+        metrics.TOKENIZE_SECONDS.labels(job).inc(time.monotonic() - started)
         return entry
 
     def _encode(
@@ -235,7 +245,7 @@ class ChunkMaker:
         holds it (parsing lines, one piece's ids made into numpy arrays). tiktoken takes the
         GIL around every document, and a thread parsing beside it would starve its threads:
         its pieces go one after another."""
-        tokenizer, stop = self.ix.tokenizer, self._stop_point
+        tokenizer, stop = self.loaded_tokenizer, self._stop_point
         in_flight = PIECES_IN_FLIGHT if tokenizer.engine == "hf" else 1
         tokens: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
@@ -263,12 +273,12 @@ class ChunkMaker:
         return np.concatenate(tokens), np.concatenate(lengths)
 
     def _stop_point(self) -> None:
-        if self.ix.cancelled:
+        if self._cancelled.is_set():
             raise BuildCancelled
 
     def _check_policy(self, bad: list[str]) -> None:
-        if bad and self.ix.spec.bad_records == "strict":
+        if bad and self.setup.strict:
             raise BadRecordError(
-                f"job {self.ix.name}: bad record at {bad[0]}; the job's policy is strict "
+                f"job {self.setup.label}: bad record at {bad[0]}; the job's policy is strict "
                 f"(set bad_records: skip to skip, count and log such records)"
             )

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor
+from enum import StrEnum
 
 import numpy as np
 from tokenfeed.server.errors import (
@@ -34,11 +35,12 @@ from tokenfeed.server.errors import (
     TokenfeedError,
 )
 from tokenfeed.server.indexing.chunkkeys import ChunkKeys
-from tokenfeed.server.indexing.chunkmaker import ChunkMaker
+from tokenfeed.server.indexing.chunkmaker import ChunkMaker, MakerSetup
+from tokenfeed.server.indexing.owner import ChunkOwner
 from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.sampling import order
-from tokenfeed.server.serve.control import SupervisorLink
 from tokenfeed.server.settings.config import DatasetSpec, JobSpec, SourceSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
 from tokenfeed.server.store.chunkfiles import ChunkIndex
@@ -49,7 +51,17 @@ from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 log = logging.getLogger(__name__)
 
-INDEXING, READY, FAILED = "indexing", "ready", "failed"
+
+class JobState(StrEnum):
+    """Where a dataset's index (and a job, from its datasets') stands. A StrEnum: its values
+    are the words the status page, logs and metrics show."""
+
+    INDEXING = "indexing"
+    READY = "ready"
+    FAILED = "failed"
+
+
+INDEXING, READY, FAILED = JobState.INDEXING, JobState.READY, JobState.FAILED
 RETRY_SECONDS = (1.0, 60.0)  # first and longest pause between builds after a local failure
 POLL_SECONDS = 0.5  # how often a chunk another node tokenizes is looked for in the shared store
 WORKER_POLL_SECONDS = 0.05  # how often a serving worker looks for the supervisor's manifests
@@ -64,17 +76,15 @@ class DatasetIndex:
         tokenizer: TextTokenizer | None,
         storage: ObjectStorage,
         shared: SharedStore | None = None,
-        supervisor: SupervisorLink | None = None,
+        owner: ChunkOwner | None = None,
     ):
         self.spec, self.dataset, self.store = spec, dataset, store
         self._tokenizer = tokenizer
         self.storage, self.shared = storage, shared
-        # In a serving worker (control.py): the supervisor plans and tokenizes; this index
-        # only reads the manifests it commits, and asks it for evicted bodies.
-        self.supervisor = supervisor
+        # In a serving worker (control.py): the owner of the cache plans and tokenizes; this
+        # index only reads the manifests it commits, and asks it for evicted bodies.
+        self.owner = owner
         self.position = spec.datasets.index(dataset)  # in the job
-        # An offline build into a shared store keeps only manifests here (the store has all).
-        self.keep_bodies = True
         self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
         self.chunks: list[Chunk] = []
         self.keys = ChunkKeys([])
@@ -82,7 +92,8 @@ class DatasetIndex:
         self.num_tokens = np.zeros(0, dtype=np.int64)
         self.body_bytes = np.zeros(0, dtype=np.int64)
         self.bad_records: Counter[str] = Counter()
-        self.state, self.error, self.fingerprint = INDEXING, "", ""
+        self.state: JobState = INDEXING
+        self.error, self.fingerprint = "", ""
         # The dataset's stream (order.py): units per chunk (concat: tokens of the chunk's packed
         # stream; best_fit: its rows); row r is units [r*per_row, r*per_row + span).
         if spec.packing == "concat":
@@ -104,7 +115,18 @@ class DatasetIndex:
         self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
         self.started = time.monotonic()
         self._cancel = threading.Event()
-        self.maker = ChunkMaker(self)
+        setup = MakerSetup(
+            self.name,
+            spec.name,
+            self.position,
+            spec.bad_records == "strict",
+            store,
+            storage,
+            shared,
+            owner,
+        )
+        self.maker = ChunkMaker(setup, self._cancel)
+        self.maker.tokenizer = tokenizer
 
     @property
     def rows_per_epoch(self) -> int:
@@ -156,8 +178,8 @@ class DatasetIndex:
 
     async def _build_once(self, executor: Executor, parallel: int) -> None:
         loop = asyncio.get_running_loop()
-        if not self.chunks and self.supervisor is not None:  # planned once, by the owner
-            planned = await loop.run_in_executor(executor, self.supervisor.chunks, self.spec.name)
+        if not self.chunks and self.owner is not None:  # planned once, by the owner
+            planned = await loop.run_in_executor(executor, self.owner.chunks, self.spec.name)
             self.adopt(planned[self.position])
         elif not self.chunks:
             await loop.run_in_executor(executor, self.plan)
@@ -172,7 +194,7 @@ class DatasetIndex:
         # publishes them (or takeover_seconds pass): chunk -> [first deferred, last checked].
         deferred: dict[int, list[float]] = {}
 
-        poll = POLL_SECONDS if self.supervisor is None else WORKER_POLL_SECONDS
+        poll = POLL_SECONDS if self.owner is None else WORKER_POLL_SECONDS
 
         def pick() -> int | None:
             now = time.monotonic()
@@ -279,17 +301,51 @@ class DatasetIndex:
             "sources": [sources[u] for u in sorted(sources)],
         }
 
+    def sibling(self) -> DatasetIndex:
+        """A new index of the same dataset over the same store, tokenizer and object storage
+        (an offline build gives each of its threads its own)."""
+        twin = DatasetIndex(
+            self.spec, self.dataset, self.store, self._tokenizer, self.storage, self.shared
+        )
+        twin.keep_bodies = self.keep_bodies
+        return twin
+
+    @property
+    def keep_bodies(self) -> bool:
+        """False in an offline build into a shared store: only manifests are kept here."""
+        return self.maker.keep_bodies
+
+    @keep_bodies.setter
+    def keep_bodies(self, keep: bool) -> None:
+        self.maker.keep_bodies = keep
+
     def index_or_defer(self, i: int, since: float) -> tuple[ChunkIndex, int] | None:
-        return self.maker.index_or_defer(i, since)
+        """Runs in a worker thread: chunk i indexed (index_chunk), or None to come back to it
+        later (another node's or the owner's, not there yet)."""
+        if self.maker.find_or_defer(i, self.keys[i], self.chunks[i], since) is None:
+            return None
+        return self.index_chunk(i)
 
     def index_chunk(self, i: int) -> tuple[ChunkIndex, int]:
-        return self.maker.index_chunk(i)
+        """Runs in a worker thread: the chunk's entry and its units in the dataset's stream."""
+        if self.spec.packing == "concat":
+            entry = self.ensure_chunk(i)
+            return entry, packing.concat_units(
+                entry.num_tokens, entry.num_docs, self.tokenizer.add_bos
+            )
+        # best_fit needs every document's length, not just the totals: the body is opened
+        entry, chunk = self.open_body(i)
+        return entry, bestfit.bestfit_rows(
+            chunk.doc_lengths, self.spec.seq_len, self.tokenizer.add_bos
+        )
 
     def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
-        return self.maker.open_body(i)
+        """Runs in a worker thread: chunk i's tokens, rebuilt if evicted or corrupt."""
+        return self.maker.open_body(i, self.keys[i], self.chunks[i])
 
     def ensure_chunk(self, i: int, body: bool = False) -> ChunkIndex:
-        return self.maker.ensure_chunk(i, body)
+        """Runs in a worker thread: chunk i's entry (and with `body`, its tokens in the cache)."""
+        return self.maker.ensure(i, self.keys[i], self.chunks[i], body)
 
     def record(self, i: int, entry: ChunkIndex, units: int) -> None:
         """Count chunk i, built: its documents, tokens, units and bad records."""
@@ -356,7 +412,7 @@ class DatasetIndex:
 
     @tokenizer.setter
     def tokenizer(self, tokenizer: TextTokenizer) -> None:
-        self._tokenizer = tokenizer
+        self._tokenizer = self.maker.tokenizer = tokenizer
 
     @property
     def ready(self) -> bool:

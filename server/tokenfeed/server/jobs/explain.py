@@ -4,15 +4,21 @@ per document piece among its inputs the source object, the record ("line N", "ro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.pack import packing
+from tokenfeed.server.sampling.planner import Plan
 from tokenfeed.server.source.readers import locate_record
 
-if TYPE_CHECKING:
-    from tokenfeed.server.jobs.job import Job
-    from tokenfeed.server.sampling.planner import Plan
+
+def explain(job: Job, step: int, rank: int, world_size: int) -> list[dict[str, Any]]:
+    """Provenance of every row of one rank's batch (reads manifests, may count lines: run it
+    off the event loop)."""
+    plan = job.plan(step, rank, world_size)
+    with job.pinned(plan):
+        return explain_rows(job, plan)
 
 
 def explain_rows(job: Job, plan: Plan) -> list[dict[str, Any]]:
@@ -24,7 +30,7 @@ def explain_rows(job: Job, plan: Plan) -> list[dict[str, Any]]:
             rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch, "pieces": []}
         for i in np.argsort(pc.row * (job.spec.seq_len + 1) + pc.at, kind="stable"):
             r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
-            job.rows.chunk(d, c)  # its body (and provenance) in the cache
+            job.assembler.chunk(d, c)  # its body (and provenance) in the cache
             provenance = job.store.provenance(idx.keys[c])
             pieces = pieces_of(job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
             for doc, ts, te, rs, re in pieces:
@@ -40,12 +46,12 @@ def pieces_of(
 ) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of the documents in a piece
     of chunk c (units [lo, hi) from row position `at`)."""
-    s, bos = job.spec, int(job.rows.loaded_tokenizer.add_bos)
+    s, bos = job.spec, int(job.assembler.loaded_tokenizer.add_bos)
     if s.packing != "best_fit":
-        return packing.concat_pieces(job.rows.stream(d, epoch, c), lo, hi, at, s.seq_len)
+        return packing.concat_pieces(job.assembler.stream(d, epoch, c), lo, hi, at, s.seq_len)
     r = lo  # a best_fit unit is a whole row
-    layout = job.rows.bestfit_layout(d, c)
-    lengths = job.rows.chunk(d, c).doc_lengths
+    layout = job.assembler.bestfit_layout(d, c)
+    lengths = job.assembler.chunk(d, c).doc_lengths
     out = []
     for p in range(int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])):
         doc, off = int(layout.doc[p]), int(layout.offset[p])

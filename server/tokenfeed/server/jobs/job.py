@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 from concurrent.futures import Executor
+from typing import Protocol
 
 import numpy as np
 from tokenfeed.client import wire
@@ -27,9 +28,8 @@ from tokenfeed.server.errors import (
     SourceError,
     TokenfeedError,
 )
-from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex
-from tokenfeed.server.jobs.explain import explain_rows
-from tokenfeed.server.jobs.prefetch import keep_ahead
+from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
+from tokenfeed.server.indexing.owner import ChunkOwner
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
@@ -37,7 +37,6 @@ from tokenfeed.server.pack.assembly import Assembler
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.mixture import Phase, Schedule
 from tokenfeed.server.sampling.planner import MAX_STEP, Plan, Planner
-from tokenfeed.server.serve.control import SupervisorLink
 from tokenfeed.server.settings.config import JobSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.store.sharedstore import SharedStore
@@ -47,7 +46,17 @@ from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAILED", "INDEXING", "MAX_STEP", "READY", "Job"]
+__all__ = ["FAILED", "INDEXING", "MAX_STEP", "READY", "Job", "JobState", "Upstream"]
+
+
+class Upstream(ChunkOwner, Protocol):
+    """In a serving worker, the process that owns the cache (control.py's SupervisorLink): it
+    plans and tokenizes chunks (ChunkOwner), and hears the trainers' progress, which its
+    prefetch and eviction follow, and the tokens served, which its status page counts."""
+
+    def note(self, job: str, step: int, rank: int, world_size: int) -> None: ...
+
+    def served(self, job: str, tokens: int) -> None: ...
 
 
 class Job:
@@ -55,13 +64,13 @@ class Job:
         self,
         spec: JobSpec,
         store: TokenStore,
-        storage: ObjectStorage | None = None,
+        storage: ObjectStorage,
         shared: SharedStore | None = None,
-        supervisor: SupervisorLink | None = None,
+        supervisor: Upstream | None = None,
         stream_cache_bytes: int = 512 * 2**20,
     ):
         self.spec, self.name, self.store = spec, spec.name, store
-        self.storage = storage = storage or ObjectStorage()
+        self.storage = storage
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
         # (DatasetIndex's annotation says the tokenizer is always there).
@@ -71,7 +80,7 @@ class Job:
         phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
         self.schedule = Schedule(phases, spec.seed)
         self.planner = Planner(spec, self.indexes, self.schedule)
-        self.rows = Assembler(
+        self.assembler = Assembler(
             spec, self.indexes, store, self.fail, stream_cache_bytes, self.planner.chunk_tail
         )
         self._ready = asyncio.Event()
@@ -100,7 +109,7 @@ class Job:
         return self.indexes[0]
 
     @property
-    def state(self) -> str:
+    def state(self) -> JobState:
         states = {i.state for i in self.indexes}
         if FAILED in states or self._failure:
             return FAILED
@@ -126,7 +135,7 @@ class Job:
                     f"jobs.{self.name}.tokenizer.path: no tokenizer file at {path} ({why}); "
                     "set it to the path or object-store URI of a tokenizer.json"
                 ) from e
-            self.tokenizer = self.rows.tokenizer = TextTokenizer(self.spec.tokenizer, raw)
+            self.tokenizer = self.assembler.tokenizer = TextTokenizer(self.spec.tokenizer, raw)
             for idx in self.indexes:
                 idx.tokenizer = self.tokenizer
             self._tokenizer_error = ""
@@ -332,11 +341,6 @@ class Job:
         self.progress.note(step, rank, world_size)
         metrics.JOB_FURTHEST_STEP.labels(self.name).set(self.progress.furthest)
 
-    async def prefetch(self, executor: Executor, steps: int) -> None:
-        """Keep the chunks of the next `steps` steps in the cache, until cancelled
-        (prefetch.py)."""
-        await keep_ahead(self, executor, steps)
-
     def fail(self, error: str) -> None:
         """The data refuses the job after it became ready (an object changed under it)."""
         if not self._failure:
@@ -346,26 +350,19 @@ class Job:
     # ---------------------------------------------------------------- batches (assembly.py)
 
     def pinned(self, plan: Plan):
-        return self.rows.pinned(plan)
+        return self.assembler.pinned(plan)
 
     async def open_chunks(self, plan: Plan, executor: Executor) -> None:
-        await self.rows.open_chunks(plan, executor)
+        await self.assembler.open_chunks(plan, executor)
 
     def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
-        return self.rows.assemble(plan)
+        return self.assembler.assemble(plan)
 
     def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
-        return self.rows.assemble_steps(plan, steps)
+        return self.assembler.assemble_steps(plan, steps)
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, the five int32 arrays [rows, seq_len]) of one rank's slice,
         expanded as the client expands the wire form."""
         epoch, compact = self.assemble(self.plan(step, rank, world_size))
         return epoch, {name: wire.expand(compact, name) for name in wire.TENSOR_NAMES}
-
-    def explain(self, step: int, rank: int, world_size: int) -> list[dict]:
-        """Provenance of every row of one rank's batch (reads manifests, may count lines:
-        run it off the event loop)."""
-        plan = self.plan(step, rank, world_size)
-        with self.pinned(plan):
-            return explain_rows(self, plan)

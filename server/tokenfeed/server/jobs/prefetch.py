@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
 
 from tokenfeed.server.errors import BadRecordError, SourceError
 from tokenfeed.server.indexing.index import READY
+from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.telemetry import metrics
-
-if TYPE_CHECKING:
-    from tokenfeed.server.jobs.job import Job
 
 log = logging.getLogger(__name__)
 

@@ -66,6 +66,14 @@ class ObjectStorage:
         return found[0], store.read_range(found[0], 0, found[0].size)
 
 
+_LOCAL_STORAGE = ObjectStorage()
+
+
+def local_storage() -> ObjectStorage:
+    """Object storage for local URIs without a server's configuration (tools, tests)."""
+    return _LOCAL_STORAGE
+
+
 def backend_for(uri: str) -> ObjectBackend:
-    """A store for local URIs without a server's configuration (tools, tests)."""
-    return ObjectStorage().for_uri(uri)
+    """A backend for local URIs without a server's configuration (tools, tests)."""
+    return _LOCAL_STORAGE.for_uri(uri)

@@ -13,10 +13,10 @@ served.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from tokenfeed.client import wire
@@ -27,17 +27,46 @@ from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.planner import Plan
 
 if TYPE_CHECKING:
-    from tokenfeed.server.indexing.index import DatasetIndex
     from tokenfeed.server.settings.config import JobSpec
+    from tokenfeed.server.store.chunkfiles import ChunkIndex
     from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Keys(Protocol):
+    """A dataset's chunk keys (indexing/chunkkeys.py): by chunk, and a chunk by its key."""
+
+    def __getitem__(self, chunk: int) -> str: ...
+
+    def get(self, key: str) -> int | None: ...
+
+
+class DatasetChunks(Protocol):
+    """What assembly reads of a dataset's index (indexing/index.py's DatasetIndex): its chunks'
+    keys in the token store and counts, and a chunk's tokens, rebuilt when evicted."""
+
+    @property
+    def dataset(self) -> _Named: ...
+    @property
+    def keys(self) -> _Keys: ...
+    @property
+    def num_docs(self) -> np.ndarray: ...
+    @property
+    def num_tokens(self) -> np.ndarray: ...
+
+    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]: ...
 
 
 class Assembler:
     def __init__(
         self,
         spec: JobSpec,
-        indexes: list[DatasetIndex],
+        indexes: Sequence[DatasetChunks],
         store: TokenStore,
         fail: Callable[[str], None],
         stream_cache_bytes: int,
@@ -191,7 +220,7 @@ class Assembler:
                 self._open.discard((d, c))
 
     @staticmethod
-    def _checked(idx: DatasetIndex, c: int, chunk: TokenChunk) -> TokenChunk:
+    def _checked(idx: DatasetChunks, c: int, chunk: TokenChunk) -> TokenChunk:
         if len(chunk.doc_lengths) != idx.num_docs[c] or chunk.tokens.size != idx.num_tokens[c]:
             raise StoreCorruptError(
                 f"token chunk {idx.keys[c]} holds {len(chunk.doc_lengths)} documents and "

@@ -10,10 +10,10 @@ batch · log chunks), whatever the corpus size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
@@ -21,11 +21,38 @@ from tokenfeed.server.errors import NotBuiltError, RequestError
 from tokenfeed.server.sampling import order
 
 if TYPE_CHECKING:
-    from tokenfeed.server.indexing.index import DatasetIndex
     from tokenfeed.server.sampling.mixture import Schedule
     from tokenfeed.server.settings.config import JobSpec
 
 MAX_STEP = 2**62
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class DatasetUnits(Protocol):
+    """What planning reads of a dataset's index (indexing/index.py's DatasetIndex): its units
+    per chunk and epoch, how rows are cut from them, and, while it builds, how many rows of
+    epoch 0 are built."""
+
+    @property
+    def dataset(self) -> _Named: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def rows_built(self) -> int: ...
+    @property
+    def units_per_epoch(self) -> int: ...
+    @property
+    def units_per_chunk(self) -> np.ndarray: ...
+    @property
+    def per_row(self) -> int: ...
+    @property
+    def span(self) -> int: ...
+
+    def not_built(self, job: str, step: int, need: int) -> tuple[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +90,7 @@ class Planner:
     """The plans of one job: its schedule says which dataset row fills each place of a batch,
     each dataset's epoch layouts where that row's units live."""
 
-    def __init__(self, spec: JobSpec, indexes: list[DatasetIndex], schedule: Schedule):
+    def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
         self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
         self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tokenfeed.client import wire
 from tokenfeed.server import errors
-from tokenfeed.server.jobs.describe import job_info, num_sources
+from tokenfeed.server.jobs.explain import explain
 from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.sampling.planner import Plan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
+from tokenfeed.server.serve.describe import job_info, num_sources
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
 from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -266,7 +267,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         plan = await self._plan(job, [request.step], request.rank, ws, context)
         [(_, compact)] = await self._built(job, plan, 1)
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(self.io, job.explain, request.step, request.rank, ws)
+        rows = await loop.run_in_executor(self.io, explain, job, request.step, request.rank, ws)
         return pb.Explanation(
             job=job.name,
             step=request.step,

@@ -4,7 +4,7 @@
     ├── owns the cache: plans, tokenizes, evicts,     ├── gRPC on the shared port (SO_REUSEPORT:
     │   prefetches, answers for the budget           │   the kernel spreads connections)
     ├── the control socket (control.py) ◄────────────┼── chunks / ensure / progress / metrics
-    ├── the HTTP port: /metrics (its own metrics     ├── reads the token store (tokstore.StoreView),
+    ├── the HTTP port: /metrics (its own metrics     ├── reads the token store (TokenStoreView),
     │   plus the workers', summed), status page      │   never writes it
     └── restarts a worker that dies; SIGTERM: every  └── exits when the supervisor is gone
         worker drains, then the supervisor stops
@@ -34,13 +34,12 @@ import uvloop
 from prometheus_client.metrics_core import Metric
 from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
-from tokenfeed.server.serve.app import build_jobs, check_budget, start_builds, write_ready
+from tokenfeed.server.serve.background import start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.settings.config import Config
-from tokenfeed.server.store.tokstore import StoreView
 from tokenfeed.server.telemetry import logs, metrics
 
 log = logging.getLogger(__name__)
@@ -230,7 +229,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     check_budget(config)
-    jobs = build_jobs(config)
+    jobs = open_server(config).jobs
     held, listen = reserve(config.server.listen)
     held_health, health_listen = (
         reserve(config.server.health_listen) if config.server.health_listen else (None, "")
@@ -327,12 +326,7 @@ async def _worker(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     parent = os.getppid()
-    store = StoreView(config.server.cache_dir)
-    storage = ObjectStorage(config.object_store)  # explain's reads only: no block cache here
-    jobs = {
-        spec.name: Job(spec, store, storage, None, link, config.server.stream_cache_bytes)
-        for spec in config.jobs
-    }
+    jobs = open_worker(config, link).jobs
     io = ThreadPoolExecutor(4, thread_name_prefix="chunk-io")
     front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True)
     await front.start()
@@ -365,7 +359,7 @@ async def _worker(
         asyncio.create_task(link.flush_forever(run)),
         asyncio.create_task(push_metrics()),
         asyncio.create_task(
-            every(FORGET_SECONDS, lambda: [j.rows.forget_gone() for j in jobs.values()])
+            every(FORGET_SECONDS, lambda: [j.assembler.forget_gone() for j in jobs.values()])
         ),
         asyncio.create_task(front.serving(stop)),
     ]

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
-from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.objstore.storage import ObjectStorage, local_storage
 from tokenfeed.server.settings.config import JSONL_SUFFIXES, SourceSpec
 from tokenfeed.server.source.megatron import megatron_bin, megatron_header
 
@@ -272,7 +272,7 @@ def plan_chunks(
 ) -> list[Chunk]:
     """Chunks of every source object, in URI order, small ones grouped (see the module's
     docstring); empty objects contribute none."""
-    storage = storage or ObjectStorage()
+    storage = storage or local_storage()
     grouper = _Grouper(chunk_bytes)
     for obj, spec in sorted(objects, key=lambda pair: pair[0].uri):
         kind = source_kind(obj.uri, spec.format, spec.token_field)

@@ -1,6 +1,7 @@
-"""Megatron-LM indexed datasets as sources: the header of an `.idx` (the layout tokenfeed's own
-chunk files share: chunkfiles.py), checked against the object's size, and the `.bin` beside it.
-Only the 34-byte header is read when planning; the rest of an `.idx` is 12 bytes per sequence."""
+"""Megatron-LM indexed datasets: the `.idx` layout's constants (tokenfeed's own chunk files
+share the layout: store/chunkfiles.py writes them), and, for sources, the header of an `.idx`
+checked against the object's size and the `.bin` beside it. Only the 34-byte header is read when
+planning; the rest of an `.idx` is 12 bytes per sequence."""
 
 from __future__ import annotations
 
@@ -11,8 +12,21 @@ from dataclasses import dataclass
 import numpy as np
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
-from tokenfeed.server.store.chunkfiles import CODE_DTYPES, IDX_MAGIC, IDX_VERSION
 
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+IDX_VERSION = 1
+# Megatron-LM's dtype codes for the .idx header.
+DTYPE_CODES: dict[np.dtype, int] = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MEGATRON_HEADER_BYTES = 34
 # Token ids are integers: the format's float dtype codes (6, 7) are refused.
 _TOKEN_DTYPES = {code: dtype for code, dtype in CODE_DTYPES.items() if dtype.kind in "iu"}

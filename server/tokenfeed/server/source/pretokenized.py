@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -34,11 +34,20 @@ from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.objects import ObjectBackend
 from tokenfeed.server.source.chunks import Chunk, is_token_list
 from tokenfeed.server.source.megatron import megatron_header
+from tokenfeed.server.source.provenance import DataStart, PartStart
 from tokenfeed.server.source.readers import BadRecord, read_parts
-from tokenfeed.server.store.chunkfiles import DataStart, PartStart
 
-if TYPE_CHECKING:
-    from tokenfeed.server.tokenizer.tokenize import TextTokenizer
+
+class Vocabulary(Protocol):
+    """What checking token ids needs of the job's tokenizer (tokenize.TextTokenizer has it)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+
 
 KINDS: tuple[str, ...] = ("megatron", "parquet-tokens")
 REASONS = ("missing_field", "empty", "null_token", "token_out_of_range")
@@ -72,7 +81,7 @@ class _Records:
     refused: dict[int, BadRecord] = field(default_factory=dict)  # record -> why
 
 
-def read_chunk(store: ObjectBackend, chunk: Chunk, tokenizer: TextTokenizer) -> PretokenizedChunk:
+def read_chunk(store: ObjectBackend, chunk: Chunk, tokenizer: Vocabulary) -> PretokenizedChunk:
     """The documents of a pre-tokenized chunk; `store` serves `chunk.source` (and its .bin), and
     each part's of a group, whose documents are its parts' one after another."""
     if chunk.parts:
@@ -163,7 +172,7 @@ def _read_parquet_tokens(store: ObjectBackend, chunk: Chunk) -> _Records:
     return _Records(ids, lengths, chunk.start, where, refused)
 
 
-def _checked(rec: _Records, tokenizer: TextTokenizer) -> PretokenizedChunk:
+def _checked(rec: _Records, tokenizer: Vocabulary) -> PretokenizedChunk:
     """Ids checked against the vocabulary, trailing EOS dropped, bad records set aside."""
     ids, lengths, vocab = rec.ids, rec.lengths, tokenizer.vocab_size
     ends = np.cumsum(lengths)

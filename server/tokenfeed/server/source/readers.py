@@ -27,7 +27,7 @@ from tokenfeed.server.errors import SourceError, StoreCorruptError
 from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source.chunks import Chunk
-from tokenfeed.server.store.chunkfiles import DataStart, PartStart, Provenance
+from tokenfeed.server.source.provenance import DataStart, PartStart, Provenance
 
 REASONS = (
     "invalid_utf8",

@@ -9,48 +9,14 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from tokenfeed.server.errors import StoreCorruptError
+from tokenfeed.server.source.megatron import CODE_DTYPES, DTYPE_CODES, IDX_MAGIC, IDX_VERSION
+from tokenfeed.server.source.provenance import DataStart, PartStart
 
-IDX_MAGIC = b"MMIDIDX\x00\x00"
-IDX_VERSION = 1
-# Megatron-LM's dtype codes for the .idx header.
-DTYPE_CODES: dict[np.dtype, int] = {
-    np.dtype(np.uint8): 1,
-    np.dtype(np.int8): 2,
-    np.dtype(np.int16): 3,
-    np.dtype(np.int32): 4,
-    np.dtype(np.int64): 5,
-    np.dtype(np.float64): 6,
-    np.dtype(np.float32): 7,
-    np.dtype(np.uint16): 8,
-}
-CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 MANIFEST_VERSION = 2
-
-
-@dataclass(frozen=True)
-class PartStart:
-    """Where one part of a grouped chunk (chunks.py) keeps its records: how many it read (good
-    or bad; record ids count on from the parts before it) and the byte offset of its first
-    record in its object."""
-
-    records: int
-    data_start: int = 0
-
-
-# Where a chunk's records start: the byte offset of its first record in its object (a simple
-# chunk), or per part (a group).
-DataStart = int | tuple[PartStart, ...]
-
-
-class Provenance(NamedTuple):
-    """What locating a chunk's documents in their sources needs (readers.locate_record)."""
-
-    record_ids: np.ndarray  # per document: its index among the chunk's records
-    data_start: DataStart
 
 
 @dataclass(frozen=True)

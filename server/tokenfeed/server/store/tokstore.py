@@ -27,11 +27,10 @@ import numpy as np
 from tokenfeed.server.diskcache.cache import DiskCache, Kind
 from tokenfeed.server.diskcache.diskfiles import write_atomic
 from tokenfeed.server.errors import ChunkMissing, StoreCorruptError
+from tokenfeed.server.source.provenance import DataStart, Provenance
 from tokenfeed.server.store.chunkfiles import (
     ChunkIndex,
-    DataStart,
     EncodedChunk,
-    Provenance,
     body_bytes,
     consistent,
     decode_idx,
@@ -66,7 +65,7 @@ class TokenStore:
 
     def __init__(self, root: str | Path, cache: DiskCache | None = None, scan: bool = True):
         # Without a cache (tools, tests), an unbounded one over the same directory.
-        self.cache = cache if cache is not None else DiskCache(root, 2**62)
+        self.cache = cache if cache is not None else DiskCache.unbounded(root)
         self.root = self.cache.root / "tokens"
         self.root.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
@@ -293,7 +292,7 @@ class TokenStore:
             path.unlink(missing_ok=True)
 
 
-class StoreView(TokenStore):
+class TokenStoreView(TokenStore):
     """A serving worker's read-only view of the supervisor's token store (control.py): the
     same files, never written, scanned or evicted here. A body is present when its files are
     complete on disk; the supervisor makes it so on request. A mapped body stays readable
@@ -301,7 +300,7 @@ class StoreView(TokenStore):
     `forget_gone` lets the worker drop such mappings so their disk space is freed."""
 
     def __init__(self, root: str | Path):
-        super().__init__(root, DiskCache(root, 2**62), scan=False)
+        super().__init__(root, DiskCache.unbounded(root), scan=False)
 
     def has_body(self, key: str) -> bool:
         m = self._manifest(key)

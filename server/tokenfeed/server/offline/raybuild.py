@@ -36,9 +36,9 @@ from typing import TextIO
 import ray
 import ray.exceptions
 from tokenfeed.server.errors import ConfigError, LocalError, TokenfeedError
-from tokenfeed.server.indexing import build
 from tokenfeed.server.indexing.chunkmaker import BAD_EXAMPLES_PER_CHUNK
 from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.offline import build
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.sharedstore import SharedStore
@@ -127,7 +127,7 @@ def _build_job(config: Config, name: str, out: TextIO, interval: float) -> Summa
         file=out,
         flush=True,
     )
-    progress = build.Progress(out, len(todo), todo_bytes, interval)
+    progress = build.ProgressLine(out, len(todo), todo_bytes, interval)
     config_ref = ray.put(config)
     pending = {build_chunks.remote(config_ref, name, b): b for b in batches}
     try:

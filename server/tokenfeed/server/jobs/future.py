@@ -13,18 +13,18 @@ Pure arithmetic over the jobs' layouts: no I/O, called with the cache's lock hel
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
+from tokenfeed.server.diskcache.ledger import EntryKey
 from tokenfeed.server.indexing.index import FAILED, READY
+from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.sampling import order
-
-if TYPE_CHECKING:
-    from tokenfeed.server.diskcache.ledger import EntryKey
-    from tokenfeed.server.jobs.job import Job
 
 
 class FutureUse:
+    """The disk cache's eviction policy (cache.Policy) over a set of jobs: for each candidate
+    entry, the steps until some job next reads it."""
+
     def __init__(self, jobs: list[Job]):
         self.jobs = jobs
 

@@ -6,19 +6,15 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
-from tokenfeed.server.indexing.index import READY
+from tokenfeed.server.indexing.index import READY, DatasetIndex, JobState
+from tokenfeed.server.jobs.job import Job
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
-if TYPE_CHECKING:
-    from tokenfeed.server.indexing.index import DatasetIndex
-    from tokenfeed.server.jobs.job import Job
-
 _STATES = {
-    "indexing": pb.JOB_STATE_INDEXING,
-    "ready": pb.JOB_STATE_READY,
-    "failed": pb.JOB_STATE_FAILED,
+    JobState.INDEXING: pb.JOB_STATE_INDEXING,
+    JobState.READY: pb.JOB_STATE_READY,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
 }
 
 

@@ -27,20 +27,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
-from tokenfeed.server.diskcache.cache import DiskCache
-from tokenfeed.server.diskcache.diskfiles import lock_directory
-from tokenfeed.server.errors import JobFailedError
 from tokenfeed.server.indexing.index import DatasetIndex
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.jobs.stack import open_build
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.chunkfiles import ChunkIndex
-from tokenfeed.server.store.sharedstore import SharedStore
-from tokenfeed.server.store.tokstore import TokenStore
 
 # Sources per worker process at least. A process costs about a second of a core to start
 # (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
@@ -71,28 +65,12 @@ class Done:
     tokenized: bool  # False: it was already in the store
 
 
-def _job(config: Config, name: str, keep_bodies: bool, scan: bool = True) -> Job:
-    # An unbounded cache over the cache directory: the build's output is the whole store.
-    if scan:  # the parent owns the directory; its worker processes write into it
-        lock_directory(Path(config.server.cache_dir), "tokenfeed build")
-    cache = DiskCache(config.server.cache_dir, 2**62)
-    storage = ObjectStorage(config.object_store, None)
-    shared = SharedStore(config.store, storage) if config.store.uri else None
-    job = Job(config.job(name), TokenStore(cache.root, cache, scan), storage, shared)
-    if job.state == "failed":  # a one-shot command wants the error, not a retry
-        raise JobFailedError(job.error)
-    job.load_tokenizer()
-    for idx in job.indexes:
-        idx.keep_bodies = keep_bodies
-    return job
-
-
 _worker: Job | None = None
 
 
-def _init_worker(config: Config, name: str, keep: bool) -> None:
+def _init_worker(config: Config, name: str) -> None:
     global _worker
-    _worker = _job(config, name, keep, scan=False)  # the parent scanned (and cleaned) first
+    _worker = chunk_builder(config, name)
 
 
 def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
@@ -106,13 +84,13 @@ def chunk_builder(config: Config, name: str) -> Job:
     """A job that builds chunks another process planned (`build_chunk`): a `tokenfeed build`
     worker process, or a Ray task (raybuild.py). It keeps only manifests locally when the
     config has a shared store, and leaves the local store's scan to the planner."""
-    return _job(config, name, not config.store.uri, scan=False)
+    return open_build(config, [name], planner=False).jobs[name]
 
 
 def planned_job(config: Config, name: str) -> Job:
     """The job with every dataset's sources listed and its chunks planned (and, with a shared
     store, its inputs checked against the store's): what the builders are handed."""
-    job = _job(config, name, not config.store.uri)
+    job = open_build(config, [name], planner=True).jobs[name]
     for idx in job.indexes:
         idx.plan()
     return job
@@ -135,7 +113,7 @@ def _build_in(idx: DatasetIndex, d: int, i: int, chunk: Chunk) -> Done:
     return Done(d, i, entry, units, chunk.raw_bytes, not had)
 
 
-class Progress:
+class ProgressLine:
     """One line: chunks, documents, tokens, MB/s of source, ETA; redrawn in place on a TTY."""
 
     def __init__(self, out: TextIO, total_chunks: int, total_bytes: int, interval=1.0):
@@ -229,19 +207,7 @@ class _Builders:
 
     @staticmethod
     def _indexes(job: Job) -> list[DatasetIndex]:
-        indexes = []
-        for planned in job.indexes:
-            idx = DatasetIndex(
-                job.spec,
-                planned.dataset,
-                planned.store,
-                planned.tokenizer,
-                planned.storage,
-                planned.shared,
-            )
-            idx.keep_bodies = planned.keep_bodies
-            indexes.append(idx)
-        return indexes
+        return [planned.sibling() for planned in job.indexes]
 
     def start(self, workers_ready: list[cf.Future]) -> None:
         for f in workers_ready:
@@ -333,7 +299,7 @@ def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
         file=out,
         flush=True,
     )
-    progress = Progress(out, len(todo), total_bytes)
+    progress = ProgressLine(out, len(todo), total_bytes)
     for d, i in before:
         idx = job.indexes[d]
         entry, units = idx.index_chunk(i)
@@ -345,7 +311,7 @@ def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
             used - 1,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(config, name, not config.store.uri),
+            initargs=(config, name),
         )
     builders = _Builders(job, left, pool)
     try:

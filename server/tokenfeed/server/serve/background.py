@@ -1,0 +1,89 @@
+"""What the owner of the cache runs beside serving: every job's index build (tokenizing in sample
+order) and prefetch, a progress line while jobs index, the release of manifests no job reads;
+and the ready file that tells tests and tools a process serves. Used by a lone server (single.py)
+and by a supervisor of serving workers (workers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tokenfeed.server.indexing.index import JobState
+from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.jobs.prefetch import keep_ahead
+from tokenfeed.server.settings.config import Config
+
+log = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 10.0  # between progress lines of the startup index builds
+
+
+def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecutor, list]:
+    """Index builds (tokenizing in sample order) and prefetch, as tasks of the running loop."""
+    threads = config.server.tokenize_threads
+    tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
+    tasks = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
+    tasks += [
+        asyncio.create_task(keep_ahead(job, tokenize, config.server.prefetch_steps))
+        for job in jobs.values()
+    ]
+    if jobs:
+        tasks.append(asyncio.create_task(release_old_manifests(jobs)))
+        tasks.append(asyncio.create_task(report_builds(jobs)))
+    return tokenize, tasks
+
+
+async def report_builds(jobs: dict[str, Job], every: float = PROGRESS_SECONDS) -> None:
+    """A progress line per indexing job every `every` seconds until every job has ended its
+    build (a cold start over a large corpus takes minutes to hours: the log says how far)."""
+    started, last = time.monotonic(), {name: 0 for name in jobs}
+    while True:
+        await asyncio.sleep(every)
+        building = [job for job in jobs.values() if job.state == JobState.INDEXING]
+        if not building:
+            return
+        elapsed = time.monotonic() - started
+        for job in building:
+            done, total = job.chunks_indexed, job.num_chunks
+            rate = (done - last[job.name]) / every
+            last[job.name] = done
+            log.info(
+                "job %s: indexing, %d/%d chunks after %.0fs (%.1f chunks/s)%s",
+                job.name,
+                done,
+                total,
+                elapsed,
+                rate,
+                f"; {job.error}" if job.error else "",
+            )
+
+
+async def release_old_manifests(jobs: dict[str, Job]) -> None:
+    """Once every job is planned: manifests of chunks no job reads any more (an object's old
+    version, a job removed from the config) stop counting as kept and become evictable. Not
+    when a job failed before planning: its chunks are unknown, so nothing is released."""
+    while any(not idx.chunks for job in jobs.values() for idx in job.indexes):
+        if any(job.state == JobState.FAILED for job in jobs.values()):
+            return
+        await asyncio.sleep(0.5)
+    indexes = [idx for job in jobs.values() for idx in job.indexes]
+    cache = next(iter(jobs.values())).store.cache
+
+    def referenced(key: str) -> bool:
+        return any(idx.keys.get(key) is not None for idx in indexes)
+
+    released = cache.release_unreferenced("manifest", referenced)
+    if released:
+        log.info("cache: %d manifests of chunks no job reads are evictable now", released)
+
+
+def write_ready(ready_file: str | None, ready: dict) -> None:
+    """The ready file (tests and tools wait for it): written whole, then renamed."""
+    if ready_file:
+        tmp = Path(ready_file + ".tmp")
+        tmp.write_text(json.dumps(ready))
+        tmp.replace(ready_file)
