@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: env tools demo test check lint types protos bench bench-quick clean
+.PHONY: env tools demo test test-unit check lint types protos bench bench-quick clean
 
 env: $(STAMP)
 
@@ -25,6 +25,10 @@ tools:
 # Lint, the format check and the types first: CI runs this target, so it enforces them.
 test: env tools lint types
 	$(PY) -m pytest -q
+
+# The unit tests alone: pure functions and in-process objects, no servers, tools or root.
+test-unit: env
+	$(PY) -m pytest -q tests/unit
 
 lint: env
 	$(VENV)/bin/ruff check server client/tokenfeed/client tests bench scripts

@@ -23,7 +23,7 @@ def first_use(job, start: int, steps: int) -> dict[str, int]:
     """Brute force: the first step at or after `start` whose global batch reads each chunk."""
     seen: dict[str, int] = {}
     for step in range(start, start + steps):
-        for d, _, c in sorted(job.plan_chunks(job.plan(step, 0, 1))):
+        for d, _, c in sorted(job.chunks_read(job.plan(step, 0, 1))):
             seen.setdefault(job.indexes[d].keys[c], step)
     return seen
 

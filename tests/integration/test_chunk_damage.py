@@ -40,7 +40,7 @@ def test_a_chunk_damaged_under_a_running_server_is_rebuilt_not_served(
     got, plan = _batch(job, 0)
     assert np.array_equal(got, want[0])
     # Damage a body the server has opened and verified: flip bytes in the middle of its .bin.
-    d, _, c = sorted(job.plan_chunks(plan))[0]
+    d, _, c = sorted(job.chunks_read(plan))[0]
     key = job.indexes[d].keys[c]
     path = job.store.root / key[:2] / f"{key}.bin"
     data = bytearray(path.read_bytes())

@@ -62,6 +62,7 @@ async def _report_build(job, what: str, started: float) -> None:
 
 def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, world: int):
     """Build the job's index in this process and compute the batch, with no server."""
+    from tokenfeed.server.indexing.index import JobState
     from tokenfeed.server.jobs.stack import build_jobs
 
     spec = cfg.job(job_name)
@@ -80,7 +81,7 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
                 await job.build_index(pool, cfg.server.tokenize_threads, retry=False)
         finally:
             report.cancel()
-        if job.state == "failed":
+        if job.state == JobState.FAILED:
             raise JobFailedError(job.error)
 
     asyncio.run(build())

@@ -34,15 +34,15 @@ from tokenfeed.server.errors import (
     SourceError,
     TokenfeedError,
 )
+from tokenfeed.server.indexing import listing
 from tokenfeed.server.indexing.chunkkeys import ChunkKeys
 from tokenfeed.server.indexing.chunkmaker import ChunkMaker, MakerSetup
 from tokenfeed.server.indexing.owner import ChunkOwner
-from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.sampling import order
-from tokenfeed.server.settings.config import DatasetSpec, JobSpec, SourceSpec
-from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
+from tokenfeed.server.settings.config import DatasetSpec, JobSpec
+from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.chunkfiles import ChunkIndex
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
@@ -232,40 +232,21 @@ class DatasetIndex:
         return f"{self.name}#raw"
 
     def raw_working_set(self, parallel: int) -> int:
-        """Cache bytes for the raw data of `parallel` chunks tokenized at once: their source
-        bytes rounded out to blocks (only for objects that are fetched into the cache); a
-        group's per object, which holds no more blocks than its own size."""
+        """Cache bytes for the raw data of `parallel` of its chunks tokenized at once."""
         block = self.storage.object_store.block_bytes
-
-        def need(c: Chunk) -> int:
-            if not c.parts:
-                return c.raw_bytes + 2 * block
-            per_object: dict[ObjectInfo, int] = {}
-            for p in c.parts:
-                per_object[p.source] = per_object.get(p.source, 0) + p.raw_bytes
-            return sum(min(n + 2 * block, o.size) for o, n in per_object.items())
-
-        remote = [need(c) for c in self.chunks if c.source.uri.startswith("s3://")]
-        if not remote:
-            return 0
-        return min(parallel, len(remote)) * max(remote)
+        return listing.raw_working_set(self.chunks, block, parallel)
 
     def plan(self) -> None:
         """List the sources and plan the chunks (in a worker thread)."""
-        objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
-        for source in self.dataset.sources:
-            found = self.storage.for_uri(source.pattern).list(source.pattern)
-            if not found:
-                raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
-            for obj in found:  # an object matched by two patterns is read once, as the first says
-                objects.setdefault(obj.uri, (obj, source))
-        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes, self.storage)
-        if not chunks:
-            raise SourceError(f"job {self.name}: every source object is empty")
+        chunks = listing.list_chunks(self.name, self.dataset, self.storage)
         self.adopt(chunks)
         if self.shared is not None:
             self.shared.check_dataset(self.dataset.name, self.inputs(chunks))
             self.shared.join()
+
+    def inputs(self, chunks: list[Chunk]) -> dict:
+        """What the chunks are made from, as a shared store records it (listing.inputs)."""
+        return listing.inputs(chunks, self.tokenizer.chunk_digest, self.dataset.chunk_bytes)
 
     def adopt(self, chunks: list[Chunk]) -> None:
         """Take a planned chunk list (from `plan`, or from the process that planned it)."""
@@ -282,24 +263,6 @@ class DatasetIndex:
         self.position0[self.order0] = np.arange(n)
         self.fingerprint = self._fingerprint()
         self.chunks = chunks
-
-    def inputs(self, chunks: list[Chunk]) -> dict:
-        """What the dataset's chunks are made from: recorded in a shared store, which refuses
-        a dataset of the same name made from other inputs."""
-        pieces = [p for c in chunks for p in c.pieces]  # every part of a group
-        sources = {
-            c.source.uri: [c.source.uri, c.source.size, c.source.version, c.kind, c.text_field]
-            for c in pieces
-        }
-        for c in pieces:  # a Megatron .idx's .bin
-            if c.companion is not None:
-                sources[c.source.uri] += [c.companion.uri, c.companion.size, c.companion.version]
-        return {
-            "chunk_format": CHUNK_FORMAT_VERSION,
-            "tokenizer_blake2b": self.tokenizer.chunk_digest,
-            "chunk_bytes": self.dataset.chunk_bytes,
-            "sources": [sources[u] for u in sorted(sources)],
-        }
 
     def sibling(self) -> DatasetIndex:
         """A new index of the same dataset over the same store, tokenizer and object storage

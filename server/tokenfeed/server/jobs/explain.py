@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.pack import packing
-from tokenfeed.server.sampling.planner import Plan
+from tokenfeed.server.sampling.planner import RowPlan
 from tokenfeed.server.source.readers import locate_record
 
 
@@ -21,7 +21,7 @@ def explain(job: Job, step: int, rank: int, world_size: int) -> list[dict[str, A
         return explain_rows(job, plan)
 
 
-def explain_rows(job: Job, plan: Plan) -> list[dict[str, Any]]:
+def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [{} for _ in range(plan.rows)]
     for part in plan.parts:
         d, pc = part.dataset, job.planner.pieces(part)

@@ -36,7 +36,7 @@ from tokenfeed.server.pack import packing
 from tokenfeed.server.pack.assembly import Assembler
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.mixture import Phase, Schedule
-from tokenfeed.server.sampling.planner import MAX_STEP, Plan, Planner
+from tokenfeed.server.sampling.planner import MAX_STEP, Planner, RowPlan
 from tokenfeed.server.settings.config import JobSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.store.sharedstore import SharedStore
@@ -251,7 +251,7 @@ class Job:
 
     async def plan_when_built(
         self, steps: list[int], rank: int, world_size: int, timeout: float
-    ) -> Plan:
+    ) -> RowPlan:
         """The plan of one rank's batches of `steps` (plan_steps), waiting up to `timeout`
         seconds for the chunks they need to be built (serving while building: steps are
         served as soon as their windows are tokenized, in sample order, never from a partial
@@ -302,11 +302,11 @@ class Job:
     def step_limit(self) -> int:
         return self.planner.step_limit
 
-    def plan(self, step: int, rank: int, world_size: int) -> Plan:
+    def plan(self, step: int, rank: int, world_size: int) -> RowPlan:
         """Where each row of one rank's batch lives: pure order arithmetic, no data read."""
         return self.plan_steps([step], rank, world_size)
 
-    def plan_steps(self, steps: list[int], rank: int, world_size: int) -> Plan:
+    def plan_steps(self, steps: list[int], rank: int, world_size: int) -> RowPlan:
         """One plan of several steps of one rank (Planner.plan_steps), once the job can
         serve: JobFailedError if it failed, NotReadyError while its tokenizer is missing."""
         if self.state == FAILED or self.tokenizer is None:
@@ -320,8 +320,8 @@ class Job:
             )
         return self.planner.plan_steps(steps, rank, world_size)
 
-    def plan_chunks(self, plan: Plan) -> set[tuple[int, int, int]]:
-        return self.planner.plan_chunks(plan)
+    def chunks_read(self, plan: RowPlan) -> set[tuple[int, int, int]]:
+        return self.planner.chunks_read(plan)
 
     split_plan = staticmethod(Planner.split)
 
@@ -349,16 +349,16 @@ class Job:
 
     # ---------------------------------------------------------------- batches (assembly.py)
 
-    def pinned(self, plan: Plan):
+    def pinned(self, plan: RowPlan):
         return self.assembler.pinned(plan)
 
-    async def open_chunks(self, plan: Plan, executor: Executor) -> None:
+    async def open_chunks(self, plan: RowPlan, executor: Executor) -> None:
         await self.assembler.open_chunks(plan, executor)
 
-    def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
+    def assemble(self, plan: RowPlan) -> tuple[int, wire.Compact]:
         return self.assembler.assemble(plan)
 
-    def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+    def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         return self.assembler.assemble_steps(plan, steps)
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.jobs.job import READY, Job
+from tokenfeed.server.jobs.job import FAILED, READY, Job
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def refresh_gauges(jobs: dict[str, Job]) -> None:
     for name, job in jobs.items():
         state = job.state
         metrics.JOB_READY.labels(name).set(int(state == READY))
-        metrics.JOB_FAILED.labels(name).set(int(state == "failed"))
+        metrics.JOB_FAILED.labels(name).set(int(state == FAILED))
         metrics.JOB_CHUNKS.labels(name).set(job.num_chunks)
         metrics.JOB_CHUNKS_BUILT.labels(name).set(job.chunks_indexed)
         p = job.progress

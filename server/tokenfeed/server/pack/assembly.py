@@ -24,7 +24,7 @@ from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
 from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.planner import Plan
+from tokenfeed.server.sampling.planner import RowPlan
 
 if TYPE_CHECKING:
     from tokenfeed.server.settings.config import JobSpec
@@ -98,16 +98,16 @@ class Assembler:
 
     # ---------------------------------------------------------------- chunks of a plan
 
-    def chunk_keys(self, plan: Plan) -> list[tuple[str, str]]:
+    def chunk_keys(self, plan: RowPlan) -> list[tuple[str, str]]:
         """The cache entries of the chunks a plan's rows start in, to pin while it is served
         (the chunks of a row buffer's tail are pinned while the buffer is made)."""
         needed = {(d, c) for d, _, c, _ in plan.buffers}
         return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
 
-    def pinned(self, plan: Plan):
+    def pinned(self, plan: RowPlan):
         return self.store.cache.pinned(self.chunk_keys(plan))
 
-    async def open_chunks(self, plan: Plan, executor: Executor) -> None:
+    async def open_chunks(self, plan: RowPlan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
         missing: list[Callable[[], object]]
         if self.spec.packing == "concat":  # laid out in the epoch's order, with their tails
@@ -129,7 +129,7 @@ class Assembler:
 
     # ---------------------------------------------------------------- batches
 
-    def assemble(self, plan: Plan) -> tuple[int, wire.Compact]:
+    def assemble(self, plan: RowPlan) -> tuple[int, wire.Compact]:
         """(epoch of the first row, the compact batch) of a plan: token ids in the wire's
         dtype and document starts (docs/batch-format.md)."""
         first_epoch = 0
@@ -151,7 +151,7 @@ class Assembler:
         pdtype = wire.position_dtype(self.spec.seq_len)
         return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
 
-    def assemble_steps(self, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+    def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
         one pass, then cut into the steps' batches, each with the epoch of its first row."""
         epoch, whole = self.assemble(plan)
@@ -167,7 +167,7 @@ class Assembler:
             for i in range(steps)
         ]
 
-    def _assemble_bestfit(self, plan: Plan) -> dict[str, np.ndarray]:
+    def _assemble_bestfit(self, plan: RowPlan) -> dict[str, np.ndarray]:
         s, t = self.spec, self.loaded_tokenizer
         out = {
             name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES

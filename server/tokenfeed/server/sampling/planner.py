@@ -56,7 +56,7 @@ class DatasetUnits(Protocol):
 
 
 @dataclass(frozen=True)
-class PlanPart:
+class RowPlanPart:
     """The rows of one dataset in one rank's batch: `slots` are their places in the batch,
     `epochs` the epoch each starts in, `units` the stream unit each starts at, `starts` the
     chunk it starts in (order.RowStarts; a row is one slice of that chunk's row buffer)."""
@@ -69,9 +69,9 @@ class PlanPart:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RowPlan:
     rows: int  # rows of the rank's batch (of all its steps' batches)
-    parts: list[PlanPart]
+    parts: list[RowPlanPart]
 
     @cached_property
     def buffers(self) -> frozenset[tuple[int, int, int, int]]:
@@ -119,7 +119,7 @@ class Planner:
         if not 0 <= rank < world_size:
             raise RequestError(f"rank must be in [0, {world_size}), got {rank}")
 
-    def plan_steps(self, steps: list[int], rank: int, world_size: int) -> Plan:
+    def plan_steps(self, steps: list[int], rank: int, world_size: int) -> RowPlan:
         """One plan of one rank's batches of several steps of the same batch size, their rows
         one step after another: each dataset's rows are located in one pass (a stream's next
         steps pay the per-call costs once). NotBuiltError while a row is not built yet."""
@@ -138,11 +138,11 @@ class Planner:
             # The first step that needs a row not built yet is the one that waits.
             epochs, units = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
             starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
-            parts.append(PlanPart(d, mine, epochs, units, starts))
-        return Plan(per_rank * len(steps), parts)
+            parts.append(RowPlanPart(d, mine, epochs, units, starts))
+        return RowPlan(per_rank * len(steps), parts)
 
     @staticmethod
-    def split(plan: Plan, steps: int, per: int) -> list[Plan]:
+    def split(plan: RowPlan, steps: int, per: int) -> list[RowPlan]:
         """A plan of `steps` steps (plan_steps) cut into plans of `per` steps each, the last
         maybe fewer: a stream plans several steps in one pass and assembles them a few at a
         time."""
@@ -157,7 +157,7 @@ class Planner:
                 a, b = np.searchsorted(p.slots, [lo, hi]).tolist()
                 s = p.starts
                 parts.append(
-                    PlanPart(
+                    RowPlanPart(
                         p.dataset,
                         p.slots[a:b] - lo,
                         p.epochs[a:b],
@@ -165,7 +165,7 @@ class Planner:
                         order.RowStarts(s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]),
                     )
                 )
-            out.append(Plan(hi - lo, parts))
+            out.append(RowPlan(hi - lo, parts))
         return out
 
     def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:
@@ -192,13 +192,13 @@ class Planner:
             )
         return epochs, natural * idx.per_row
 
-    def pieces(self, part: PlanPart) -> order.Pieces:
+    def pieces(self, part: RowPlanPart) -> order.Pieces:
         """The pieces of chunks a part's rows are made of (`row` indexes its slots), for
         provenance and accounting; serving reads the row buffers instead."""
         idx, d = self.indexes[part.dataset], part.dataset
         return order.locate_units(part.units, idx.span, idx.units_per_epoch, self._lay(d))
 
-    def plan_chunks(self, plan: Plan) -> set[tuple[int, int, int]]:
+    def chunks_read(self, plan: RowPlan) -> set[tuple[int, int, int]]:
         """The (dataset, epoch, chunk) stretches whose units a plan's rows read."""
         out: set[tuple[int, int, int]] = set()
         for part in plan.parts:

@@ -39,6 +39,7 @@ from tokenfeed.server.errors import (
     SupervisorUnavailable,
     TokenfeedError,
 )
+from tokenfeed.server.indexing.index import JobState
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class Supervised:
         job = self.jobs[name]
         deadline = time.monotonic() + timeout
         while any(not idx.chunks for idx in job.indexes):
-            if job.state == "failed":
+            if job.state == JobState.FAILED:
                 raise JobFailedError(job.error)
             if time.monotonic() > deadline:
                 raise NotReadyError(f"job {name}: sources still being listed", retry_after=1.0)

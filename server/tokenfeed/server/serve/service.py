@@ -13,7 +13,7 @@ from tokenfeed.client import wire
 from tokenfeed.server import errors
 from tokenfeed.server.jobs.explain import explain
 from tokenfeed.server.jobs.job import READY, Job
-from tokenfeed.server.sampling.planner import Plan
+from tokenfeed.server.sampling.planner import RowPlan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
 from tokenfeed.server.serve.describe import job_info, num_sources
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
@@ -137,18 +137,20 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job.check_request(step, rank, world_size)
         return job
 
-    async def _plan(self, job: Job, steps: list[int], rank: int, world_size: int, context) -> Plan:
+    async def _plan(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context
+    ) -> RowPlan:
         """The plan of several steps of one rank (of the same batch size)."""
         return await job.plan_when_built(steps, rank, world_size, self._wait(context))
 
-    async def _built(self, job: Job, plan: Plan, steps: int) -> list[tuple[int, wire.Compact]]:
+    async def _built(self, job: Job, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         """(epoch, compact batch) of each of a plan's `steps` steps, assembled in one pass."""
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
             return job.assemble_steps(plan, steps)
 
     async def _batches(
-        self, job: Job, plan: Plan, steps: list[int], rank: int, world_size: int
+        self, job: Job, plan: RowPlan, steps: list[int], rank: int, world_size: int
     ) -> list[bytes]:
         """A plan's batches of one rank, as serialized messages. Only these training requests
         (not Explain) move the job's progress, which prefetch and eviction follow: a step
