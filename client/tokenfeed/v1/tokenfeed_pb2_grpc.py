@@ -59,6 +59,16 @@ class TokenFeedStub:
                 request_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.FromString,
                 _registered_method=True)
+        self.GetPlan = channel.unary_unary(
+                '/tokenfeed.v1.TokenFeed/GetPlan',
+                request_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetPlanRequest.SerializeToString,
+                response_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.FromString,
+                _registered_method=True)
+        self.AmendPlan = channel.unary_unary(
+                '/tokenfeed.v1.TokenFeed/AmendPlan',
+                request_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.AmendPlanRequest.SerializeToString,
+                response_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.FromString,
+                _registered_method=True)
 
 
 class TokenFeedServicer:
@@ -99,6 +109,22 @@ class TokenFeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPlan(self, request, context):
+        """A job's data plan (docs/data-plan.md): its phases with their fingerprints, its version and
+        frozen horizon, and what each dataset gave the steps before a given step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AmendPlan(self, request, context):
+        """Append a phase to a job's data plan, effective at a future step: weights, global batch size,
+        seq_len, datasets added. Needs an admin token when the server checks tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TokenFeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +152,16 @@ def add_TokenFeedServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.FromString,
                     response_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.SerializeToString,
+            ),
+            'GetPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlan,
+                    request_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.GetPlanRequest.FromString,
+                    response_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.SerializeToString,
+            ),
+            'AmendPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.AmendPlan,
+                    request_deserializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.AmendPlanRequest.FromString,
+                    response_serializer=tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +299,60 @@ class TokenFeed:
             '/tokenfeed.v1.TokenFeed/Explain',
             tokenfeed_dot_v1_dot_tokenfeed__pb2.GetBatchRequest.SerializeToString,
             tokenfeed_dot_v1_dot_tokenfeed__pb2.Explanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenfeed.v1.TokenFeed/GetPlan',
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.GetPlanRequest.SerializeToString,
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AmendPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenfeed.v1.TokenFeed/AmendPlan',
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.AmendPlanRequest.SerializeToString,
+            tokenfeed_dot_v1_dot_tokenfeed__pb2.PlanInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,8 @@ TokenfeedError
 │   └── SourceChangedError an object changed after its version was pinned
 ├── BadRecordError         a record is malformed and the policy is strict  (FAILED_PRECONDITION)
 ├── CacheTooSmallError     the cache budget cannot hold a job's working set (FAILED_PRECONDITION)
+├── PlanFrozenError        a plan change at a step the plan is final through (FAILED_PRECONDITION)
+├── PlanChangedError       the plan changed since the version a change expected     (ABORTED)
 ├── StoreCorruptError      a stored token chunk failed verification        (internal: rebuilt)
 ├── LocalError             this server cannot do it now; another may       (UNAVAILABLE)
 │   ├── CacheFullError     pinned entries leave no room under the budget
@@ -76,6 +78,15 @@ class BadRecordError(TokenfeedError):
 
 class CacheTooSmallError(TokenfeedError):
     """The message gives the bytes needed and the budget (server.cache_bytes)."""
+
+
+class PlanFrozenError(TokenfeedError):
+    """A change of a job's data plan at a step it can no longer change (served, or frozen
+    ahead of what servers serve); the message names the horizon and the furthest step served."""
+
+
+class PlanChangedError(TokenfeedError):
+    """The plan is at another version than the one a change was made against: read it again."""
 
 
 class StoreCorruptError(TokenfeedError):

@@ -12,13 +12,18 @@ dealt to datasets by one fixed sequence of period Q in which dataset d holds exa
   so random access to any step costs O(number of datasets + B), never a replay;
 - a dataset's rows continue across phases (off_d accumulates what earlier phases used), and a
   phase depends only on the phases before it: adding or editing a later phase changes no
-  earlier batch.
+  earlier batch;
+- a phase may know more datasets than the phases before it (a dataset added to a running job):
+  its sequence is over the datasets it knows, so an earlier phase's, computed over fewer, is
+  unchanged.
 The B slots of a step are then put in a keyed order (Feistel, keyed by seed and step) so that
-datasets interleave within the batch; with one dataset the slots keep their natural order.
+datasets interleave within the batch; with one dataset known the slots keep their natural
+order.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -84,15 +89,19 @@ def chairman_sequence(a: list[int]) -> tuple[npt.NDArray[np.int32], npt.NDArray[
 class Phase:
     start_step: int
     global_batch_size: int
-    weights: tuple[Fraction, ...]  # per dataset, in dataset order
+    # per dataset known at this phase, in dataset order (a later phase may know more)
+    weights: tuple[Fraction, ...]
 
 
 class _PhasePlan:
     def __init__(self, phase: Phase, offsets: npt.NDArray[np.int64]):
         self.phase = phase
-        self.a = np.array(integer_weights(list(phase.weights)), dtype=np.int64)
+        self.known = len(phase.weights)
+        known = integer_weights(list(phase.weights))
+        self.a = np.zeros(len(offsets), dtype=np.int64)
+        self.a[: self.known] = known
         self.period = int(self.a.sum())
-        self.owner, self.rank = chairman_sequence([int(x) for x in self.a])
+        self.owner, self.rank = chairman_sequence(known)
         # cumulative slots per dataset over the period: counts before slot q
         self.before = np.zeros((self.period + 1, len(self.a)), dtype=np.int64)
         np.add.at(self.before[1:], (np.arange(self.period), self.owner), 1)
@@ -112,9 +121,11 @@ class Schedule:
     def __init__(self, phases: list[Phase], seed: int):
         if not phases or phases[0].start_step != 0:
             raise ValueError("the first phase must start at step 0")
+        if any(len(b.weights) < len(a.weights) for a, b in itertools.pairwise(phases)):
+            raise ValueError("a phase knows every dataset of the phases before it")
         self.seed = seed
         self.plans: list[_PhasePlan] = []
-        offsets = np.zeros(len(phases[0].weights), dtype=np.int64)
+        offsets = np.zeros(len(phases[-1].weights), dtype=np.int64)
         for i, phase in enumerate(phases):
             if i:
                 prev = self.plans[-1]
@@ -122,7 +133,7 @@ class Schedule:
                 offsets = prev.offsets + prev.used(steps * prev.phase.global_batch_size)
             self.plans.append(_PhasePlan(phase, offsets))
         self.starts = [p.start_step for p in phases]
-        self.datasets = len(phases[0].weights)
+        self.datasets = len(phases[-1].weights)
 
     def plan_at(self, step: int) -> _PhasePlan:
         lo, hi = 0, len(self.starts)
@@ -141,7 +152,7 @@ class Schedule:
         plan = self.plan_at(step)
         b = plan.phase.global_batch_size
         positions = np.arange(first, first + count, dtype=np.int64)
-        if self.datasets > 1:
+        if plan.known > 1:
             keys = order.round_keys("slots", self.seed, step)
             positions = order.permute(positions, b, keys)
         slots = (step - plan.phase.start_step) * b + positions

@@ -20,6 +20,8 @@ STATUS = {
     errors.SourceError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.BadRecordError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.CacheTooSmallError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.PlanFrozenError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.PlanChangedError: grpc.StatusCode.ABORTED,
     errors.StoreCorruptError: grpc.StatusCode.UNAVAILABLE,
     errors.LocalError: grpc.StatusCode.UNAVAILABLE,
 }

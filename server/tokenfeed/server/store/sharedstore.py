@@ -23,15 +23,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 
-import botocore.exceptions as bce
-from tokenfeed.server.diskcache.diskfiles import write_atomic
 from tokenfeed.server.errors import StoreCorruptError, StoreMismatchError
-from tokenfeed.server.objstore.s3backend import S3Backend, split_uri
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import StoreSpec
+from tokenfeed.server.store.blobs import LocalBlobs, S3Blobs
 from tokenfeed.server.store.chunkfiles import EncodedChunk, parse_manifest
 from tokenfeed.server.telemetry import metrics
 
@@ -39,87 +35,6 @@ log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
 BODY_SUFFIXES = ("bin", "idx", "rec")
-
-
-class _LocalBlobs:
-    """A directory (local disk or a shared file system)."""
-
-    def __init__(self, root: str):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def get(self, name: str) -> bytes | None:
-        try:
-            return (self.root / name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def put(self, name: str, data: bytes) -> None:
-        path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
-
-    def modified(self, prefix: str) -> dict[str, float]:
-        """Names under `prefix` and their modification times (seconds, the store's clock)."""
-        out = {}
-        for path in (self.root / prefix).glob("*"):
-            try:
-                out[path.name] = path.stat().st_mtime
-            except FileNotFoundError:
-                continue
-        return out
-
-
-class _S3Blobs:
-    """An `s3://bucket/prefix/`, through S3Backend's client and retry policy."""
-
-    def __init__(self, s3: S3Backend, uri: str):
-        self.s3 = s3
-        self.bucket, prefix = split_uri(uri)
-        self.prefix = prefix.rstrip("/") + "/" if prefix else ""
-
-    def get(self, name: str) -> bytes | None:
-        key = self.prefix + name
-
-        def attempt() -> bytes | None:
-            try:
-                resp = self.s3.client.get_object(Bucket=self.bucket, Key=key)
-            except bce.ClientError as e:
-                status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-                if status == 404 or e.response.get("Error", {}).get("Code") == "NoSuchKey":
-                    return None
-                raise
-            data = resp["Body"].read()
-            if len(data) != resp["ContentLength"]:
-                raise bce.IncompleteReadError(
-                    actual_bytes=len(data), expected_bytes=resp["ContentLength"]
-                )
-            return data
-
-        return self.s3._call("get", f"s3://{self.bucket}/{key}", attempt)
-
-    def put(self, name: str, data: bytes) -> None:
-        key = self.prefix + name
-        self.s3._call(
-            "put",
-            f"s3://{self.bucket}/{key}",
-            lambda: self.s3.client.put_object(Bucket=self.bucket, Key=key, Body=data),
-        )
-
-    def modified(self, prefix: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        kwargs = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
-        while True:
-            page = self.s3._call(
-                "list",
-                f"s3://{self.bucket}/{kwargs['Prefix']}",
-                partial(self.s3.client.list_objects_v2, **kwargs),
-            )
-            for item in page.get("Contents", []):
-                out[item["Key"].rsplit("/", 1)[-1]] = item["LastModified"].timestamp()
-            if not page.get("IsTruncated"):
-                return out
-            kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
 @dataclass
@@ -134,9 +49,9 @@ class SharedStore:
     def __init__(self, spec: StoreSpec, storage: ObjectStorage):
         self.spec, self.node = spec, spec.node
         if spec.uri.startswith("s3://"):
-            self.blobs: _LocalBlobs | _S3Blobs = _S3Blobs(storage.s3(), spec.uri)
+            self.blobs: LocalBlobs | S3Blobs = S3Blobs(storage.s3(), spec.uri)
         else:
-            self.blobs = _LocalBlobs(spec.uri)
+            self.blobs = LocalBlobs(spec.uri)
         self.counts = StoreCounts()
         self._lock = threading.Lock()
         self._nodes: list[str] = [self.node]
