@@ -33,7 +33,6 @@ from tokenfeed.server.settings.specread import (
     defaults_for,
     file_key,
     keys_of,
-    read_default,
     read_option,
 )
 
@@ -78,8 +77,8 @@ def jobs(raw: object, base: Path) -> tuple[JobSpec, ...]:
 
 def _job(name: str, raw: object, where: str, base: Path) -> JobSpec:
     s = Section(raw, where)
-    text_field = read_default(TEXT_FIELD.declared["text_field"], s, base)
-    chunk_bytes = read_default(option_of(DatasetSpec, "chunk_bytes"), s, base)
+    text_field = read_option(TEXT_FIELD.declared["text_field"], s, base)
+    chunk_bytes = read_option(option_of(DatasetSpec, "chunk_bytes"), s, base)
     datasets, weights = _datasets(s, base, text_field, chunk_bytes)
     names = [d.name for d in datasets]
     if s.has("weights"):
@@ -136,7 +135,7 @@ def _datasets(
     for name, body in raw.items():
         d = Section(body, join(s.path("datasets"), str(name)))
         r = SpecReader(DatasetSpec, d, base)
-        field = read_default(TEXT_FIELD.declared["text_field"], d, base, text_field)
+        field = read_option(TEXT_FIELD.declared["text_field"], d, base, text_field)
         r.read("chunk_bytes", chunk_bytes)
         sources = _sources(d, base, field)
         weights.append(read_option(WEIGHT, d, base))
@@ -199,10 +198,11 @@ def _phases(s: Section, first: PhaseSpec, names: list[str], base: Path) -> tuple
         prev = phases[-1]
         r = SpecReader(PhaseSpec, p, base)
         r.read("start_step")
+        carried = {o.name: getattr(prev, o.name) for o in options_of(PhaseSpec)}
+        del carried["start_step"]
+        r.read_all(carried)
         weights = prev.weights
         if p.has("weights"):
             weights = _weights(p.get("weights"), p.path("weights"), names, prev.weights)
-        carried = {o.name: getattr(prev, o.name) for o in options_of(PhaseSpec)}
-        del carried["start_step"]
-        phases.append(r.build(defaults=carried, weights=weights))
+        phases.append(r.build(weights=weights))
     return tuple(phases)

@@ -65,20 +65,12 @@ def file_key(spec: type) -> Callable[[str], str]:
     return key
 
 
-def read_default(opt: Option, s: Section, base: Path, default: Any = SAME) -> Any:
-    """An inner spec's option given on an outer level (defaults_for): read and checked here,
-    where no spec of its own checks it."""
-    value = read_option(opt, s, base, default)
-    if opt.key is not None and s.has(opt.key):
-        for check in opt.checks:
-            value = check(s.path(opt.key), value)
-    return value
-
-
 def read_option(opt: Option, s: Section, base: Path, default: Any = SAME) -> Any:
-    """The value of one declared option in mapping `s`: converted as declared, or its
-    default (the file's, or `default` where the parser knows better: a source's text_field
-    defaults to its job's)."""
+    """The value of one declared option in mapping `s`, converted and checked as declared
+    (so errors come in the order values are read, each named where it is written), or its
+    default: the file's, or `default` where the parser knows better (a source's text_field
+    defaults to its job's). An inner spec's option given on an outer level (defaults_for) is
+    checked here too, where no spec of its own checks it."""
     if opt.key is None or isinstance(opt.read, Form):
         raise TypeError(f"{opt.name}: read by the parser's own code, not by its declaration")
     if default is SAME:
@@ -92,7 +84,10 @@ def read_option(opt: Option, s: Section, base: Path, default: Any = SAME) -> Any
         if isinstance(opt.read, Convert) and opt.read.defaults_too:
             return opt.read.fn(default, s.path(opt.key), base)
         return default
-    return opt.read.fn(given, s.path(opt.key), base)
+    value = opt.read.fn(given, s.path(opt.key), base)
+    for check in opt.checks:
+        value = check(s.path(opt.key), value)
+    return value
 
 
 def _nested(opt: Option, read: Nested, given: object, s: Section, base: Path, default: Any) -> Any:
