@@ -7,6 +7,7 @@ configparse.py adds the file's name in front.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -64,6 +65,14 @@ class Keys:
         if twice:
             raise TypeError(f"keys declared twice at one level: {twice}")
         return Keys({**self.known, **other.known}, {**self.declared, **other.declared})
+
+    def showing(self, default: str, *names: str) -> Keys:
+        """The same keys, the reference showing `default` as the default of `names`: what a
+        shape of the file means for them (a phase's keys carry over from the one before)."""
+        declared = dict(self.declared)
+        for name in names:
+            declared[name] = dataclasses.replace(declared[name], shown=default)
+        return Keys(self.known, declared)
 
 
 @dataclass(frozen=True)
@@ -217,11 +226,12 @@ def _text_or_none(value: object, where: str, base: Path) -> str:
 # How a file writes values of a few kinds (options.Convert). A value as written is
 # options.AS_WRITTEN: the spec's checks name what is wrong with it.
 NUMBER = Convert(_number)
-SIZE = Convert(lambda v, where, base: parse_size(v, where), "size: `64MiB`, `1 GB`, 4096")
+SIZES = "size: 4096, `64MiB`, `1 GB` (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+SIZE = Convert(lambda v, where, base: parse_size(v, where), SIZES)
 FRACTION = Convert(lambda v, where, base: to_fraction(v, where), 'weight: 3, 0.7 or "1/3"')
-PATH = Convert(_path, "path (relative to this file) or URI", defaults_too=True)
+PATH = Convert(_path, "path or URI (a relative path is relative to this file)", defaults_too=True)
 # "" (none) in the spec; in the file, the key left out or null, never an empty string.
-OPTIONAL_PATH = Convert(_optional_path, "path (relative to this file) or URI")
+OPTIONAL_PATH = Convert(_optional_path, "path (relative to this file)")
 TEXT_OR_NONE = Convert(_text_or_none, "non-empty string")
 
 

@@ -45,18 +45,19 @@ WEIGHT = file_only(
 )
 
 # The keys of a job and of each level inside it (configread.check_keys walks them first).
-SOURCE = keys_of(SourceSpec)
+SOURCE = keys_of(SourceSpec).showing("its dataset's or job's `text_field`", "text_field")
 TEXT_FIELD = defaults_for(SourceSpec, "text_field", "the sources")
 DATASET = (
     keys_of(DatasetSpec, exclude=("dataset",), sources=Items(SOURCE))
     | TEXT_FIELD
     | Keys({"weight": None}, {"weight": WEIGHT})
-)
-PHASE = keys_of(PhaseSpec)
+).showing("the job's", "chunk_bytes", "text_field")
+_CARRIED = [o.key for o in options_of(PhaseSpec) if o.key and o.name != "start_step"]
+PHASE = keys_of(PhaseSpec).showing("the phase before's", *_CARRIED)
 JOB = (
     keys_of(JobSpec, datasets=Named(DATASET, "<dataset>"), schedule=Items(PHASE))
     | keys_of(PhaseSpec, exclude=("start_step",))
-    | keys_of(DatasetSpec, sources=Items(SOURCE))
+    | keys_of(DatasetSpec, sources=Items(SOURCE)).showing("required without `datasets`", "sources")
     | TEXT_FIELD
 )
 # The names a file gives its jobs, each holding a job's keys.

@@ -84,6 +84,7 @@ class ServerSpec:
         metadata=option(
             Text(),
             read=PATH,
+            accepts="directory (relative to this file)",
             doc="the token store in `<cache_dir>/tokens`, object blocks in `<cache_dir>/blocks`",
         ),
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.configcheck import Flag, OptionalText, Size, Text, TokenId, Tuple
-from tokenfeed.server.settings.configread import PATH, parse_size
+from tokenfeed.server.settings.configread import PATH, SIZES, parse_size
 from tokenfeed.server.settings.options import Convert, Form, option, validate
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class TokenizerSpec:
         default=None,
         metadata=option(
             TokenId(),
-            shown="a common EOS name",
+            shown="from `eos_token`, or a common EOS name",
             doc="the id the packer adds after every document; wins over `eos_token`",
         ),
     )
@@ -122,7 +122,9 @@ class TokenizerSpec:
     bos_id: int | None = field(
         default=None,
         metadata=option(
-            TokenId(), shown="a common BOS name", doc="the BOS id; wins over `bos_token`"
+            TokenId(),
+            shown="from `bos_token`, or a common BOS name",
+            doc="the BOS id (used with `add_bos`); wins over `bos_token`",
         ),
     )
     bos_token: str | None = field(
@@ -188,7 +190,7 @@ class DatasetSpec:
         default=64 * 2**20,
         metadata=option(
             Size(),
-            read=Convert(_chunk_bytes, "size: `64MiB`, `1 GB`, 4096"),
+            read=Convert(_chunk_bytes, SIZES),
             doc="plain JSONL is cut into ranges of this size; smaller objects (and Parquet row "
             "groups) are grouped into chunks of up to this size "
             "([token store](token-store.md#chunks-what-one-chunk-is)). Under 1 MiB is allowed "
