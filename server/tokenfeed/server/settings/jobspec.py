@@ -119,6 +119,7 @@ class JobSpec:
             Integer(minimum=0),
             Rule(lambda v: v < SEED_LIMIT, "an integer < 2**64"),
             doc="keys the sample order",
+            why="any fixed value serves: a seed only keys the order",
         ),
     )
     packing: str = field(
@@ -147,6 +148,7 @@ class JobSpec:
             doc="every phase's global batch size must be a multiple of this (the trainer's "
             "data-parallel size, say); it refuses schedules only and is not part of the job's "
             "fingerprint",
+            why="1 refuses no batch size",
         ),
     )
 

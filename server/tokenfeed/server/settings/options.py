@@ -4,31 +4,44 @@ everything else follows from it.
 A field is declared with `field(default=..., metadata=option(checks..., doc=..., why=...))`:
 
     @dataclass(frozen=True)
-    class ServerSpec:
-        prefetch_steps: int = field(
-            default=8,
+    class StoreSpec:
+        min_nodes: int = field(
+            default=1,                                 # the default, in code and in the file
             metadata=option(
-                Integer(minimum=0),                    # validation, run on construction
-                doc="keep the chunks of this many steps ahead of the furthest rank; 0: off",
-                why="a window of 8 chunks is ...",     # the reason for the default
+                Integer(minimum=1),                    # the checks (configcheck.py), in order
+                doc="before building, wait until this many nodes heartbeat",
+                why="1: a node starts at once",         # the reason for the default
             ),
         )
 
         def __post_init__(self) -> None:
             validate(self)                             # every declared check, in field order
 
-From that one declaration: the spec checks the field when it is constructed, with the
-declared message (`prefetch_steps: expected an integer >= 0, got -1`); the file's key
-(`key=`, the field's name unless given) is a known key of its level (specread.keys_of), read and
-converted from the file (`read=`: sizes, numbers, paths; specread.SpecReader) with the file's
-default (`default=`, the field's own unless given), and every error names the file and key path
-(`tf.yaml: server.prefetch_steps: ...`); the configuration reference (docs/configuration.md)
-shows the key, what it accepts, its default, the doc and the reason (configdocs.py, `make
-config-docs`). Adding an option is adding the field: nothing else is edited.
+From that one declaration: the spec checks the field when it is constructed, with the check's
+message (`min_nodes: expected an integer >= 1, got 0`); the file's key (`key=`, the field's
+name unless given) is a known key of its level, with the closest key suggested for a typo
+(specread.keys_of); the value is read and converted from the file (`read=`: configread's
+SIZE, NUMBER, PATH...; AS_WRITTEN by default) and checked where it is written
+(`tf.yaml: store.min_nodes: expected an integer >= 1, got 0`), or takes the file's default
+(`default=`, the field's own unless given; REQUIRED: the file must give it); and the
+reference in docs/configuration.md shows the key, what it accepts, its default, the doc and
+the reason (configdocs.py, `make config-docs`).
+
+Adding an option is adding the field, nothing else:
+- a plain key: the field, as above (a new source key such as a `format`'s own options goes on
+  SourceSpec; a new `format` value into FORMATS);
+- a new section (`plan:` of a job): a frozen spec of declared fields whose `__post_init__`
+  calls `validate(self)`, and a field holding it, `read=Nested(PlanSpec)`; then a table for
+  its level in docs/configuration.md (`<!-- options: jobs.<job>.plan -->`, which the docs test
+  asks for by name), filled by `make config-docs`;
+- a per-phase key (a phase's `seq_len`): a field of PhaseSpec; jobparse reads phase 0 from
+  the job's own keys and carries it over along `schedule:`. A key two specs declare at one
+  level (JobSpec's `seq_len` too) is refused at import (configread.Keys.__or__).
 
 Rules between fields (a key file needs its certificate) stay in the spec's `__post_init__`
 after `validate(self)`. A key whose value is not one value but a shape the parser builds (a
-job's datasets, its schedule) is declared with `read=Form(...)` and read by jobparse.py.
+job's datasets, its schedule, the shared store) is declared with `read=Form(...)`, documented
+from here and read by configparse.py or jobparse.py.
 """
 
 from __future__ import annotations
@@ -74,7 +87,8 @@ class Convert:
 class Nested:
     """A mapping of another spec's keys (or a string: the value of its `shorthand` key).
     When the key is absent or null: `defaults` reads an empty mapping (every key at its
-    default), `off` keeps the field's default (the feature is off), `required` refuses."""
+    default), `off` keeps the field's default (the feature is off; a section that is given
+    must turn it on: `auth: {}` is refused), `required` refuses."""
 
     spec: type
     shorthand: str | None = None

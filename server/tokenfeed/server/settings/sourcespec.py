@@ -177,6 +177,7 @@ class DatasetSpec:
             default="main",
             doc="keys the dataset's sample order (rename the job freely); a mixture names its "
             "datasets by their keys",
+            why="any fixed name serves: it only keys the order",
         )
     )
     sources: tuple[SourceSpec, ...] = field(

@@ -119,6 +119,7 @@ class StoreSpec:
             Integer(minimum=1),
             doc="before building, wait (up to `join_seconds`) until this many nodes heartbeat, so "
             "a fleet started together splits the work from the first chunk",
+            why="1: a node starts building at once, alone or not",
         ),
     )
     join_seconds: float = field(default=60.0, metadata=_seconds("see `min_nodes`"))
