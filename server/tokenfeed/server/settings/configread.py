@@ -1,5 +1,6 @@
 """Reading a config file's raw values: each mapping with its key path, the keys each level
-knows (an unknown one is named with the closest known key), sizes, weights and paths.
+knows (an unknown one is named with the closest known key), and how a file writes sizes,
+numbers, weights and paths (the converters options declare with `read=`: SIZE, NUMBER, PATH).
 
 Every error raised here starts with the key path of the value (`jobs.demo.seq_len: ...`);
 configparse.py adds the file's name in front.
