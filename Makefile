@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: env tools demo test test-unit check lint types protos bench bench-quick clean
+.PHONY: env tools demo test test-unit check lint types protos config-docs bench bench-quick clean
 
 env: $(STAMP)
 
@@ -43,6 +43,11 @@ check: test
 
 protos: env
 	$(PY) scripts/gen_protos.py
+
+# The reference tables of docs/configuration.md, from the options' declarations
+# (server/tokenfeed/server/settings/options.py); tests/unit/test_options.py checks them.
+config-docs: env
+	$(PY) -m tokenfeed.server.settings.configdocs docs/configuration.md
 
 bench: env
 	$(PY) -m bench.run

@@ -1,5 +1,6 @@
 """Reading a config file's raw values: each mapping with its key path, the keys each level
-knows (an unknown one is named with the closest known key), sizes, weights and paths.
+knows (an unknown one is named with the closest known key), and how a file writes sizes,
+numbers, weights and paths (the converters options declare with `read=`: SIZE, NUMBER, PATH).
 
 Every error raised here starts with the key path of the value (`jobs.demo.seq_len: ...`);
 configparse.py adds the file's name in front.
@@ -7,17 +8,19 @@ configparse.py adds the file's name in front.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings import configcheck as check
+from tokenfeed.server.settings.options import Convert, Option
 
 T = TypeVar("T")
 
@@ -51,16 +54,35 @@ def join(where: str, key: str) -> str:
 @dataclass(frozen=True)
 class Keys:
     """A mapping with these keys, each with what its value holds (None: a plain value). A
-    value of another type (a string shorthand, a mistake) is left to the parser."""
+    value of another type (a string shorthand, a mistake) is left to the parser. `declared`:
+    the option each key was declared by (specread.keys_of), for the reference."""
 
     known: Mapping[str, Node]
+    declared: Mapping[str, Option] = field(default_factory=dict)
+
+    def __or__(self, other: Keys) -> Keys:
+        """The keys of one level that several specs read (a job's own, its first phase's)."""
+        twice = sorted(set(self.known) & set(other.known))
+        if twice:
+            raise TypeError(f"keys declared twice at one level: {twice}")
+        return Keys({**self.known, **other.known}, {**self.declared, **other.declared})
+
+    def showing(self, default: str, *names: str) -> Keys:
+        """The same keys, the reference showing `default` as the default of `names`: what a
+        shape of the file means for them (a phase's keys carry over from the one before)."""
+        declared = dict(self.declared)
+        for name in names:
+            declared[name] = dataclasses.replace(declared[name], shown=default)
+        return Keys(self.known, declared)
 
 
 @dataclass(frozen=True)
 class Named:
-    """A mapping of names the file chooses (jobs, datasets) to values like `item`."""
+    """A mapping of names the file chooses (jobs, datasets) to values like `item`; `label`
+    stands for the name in the reference (`jobs.<job>.seq_len`)."""
 
     item: Node
+    label: str = "<name>"
 
 
 @dataclass(frozen=True)
@@ -110,8 +132,7 @@ def check_keys(raw: object, node: Node, where: str = "") -> None:
 
 
 class Section:
-    """One mapping of the raw config and its key path. The getters check only the type a
-    value is written with; ranges, choices and rules between fields are the specs' own."""
+    """One mapping of the raw config and its key path, and the keys read from it."""
 
     def __init__(self, raw: object, where: str) -> None:
         if not isinstance(raw, dict):
@@ -137,42 +158,6 @@ class Section:
         if key not in self.raw or self.raw[key] is None:
             raise ConfigError(f"{self.path(key)}: required")
         return self.raw[key]
-
-    def _value(self, key: str, default: object) -> object:
-        return self.require(key) if default is None else self.get(key, default)
-
-    def integer(self, key: str, default: int | None = None) -> int:
-        """Required when there is no default."""
-        return check.integer(self.path(key), self._value(key, default))
-
-    def text(self, key: str, default: str | None = None) -> str:
-        """A non-empty string; required when there is no default."""
-        return check.text(self.path(key), self._value(key, default))
-
-    def optional_text(self, key: str) -> str | None:
-        return check.optional_text(self.path(key), self.get(key))
-
-    def token_id(self, key: str) -> int | None:
-        return check.token_id(self.path(key), self.get(key))
-
-    def flag(self, key: str, default: bool) -> bool:
-        return check.flag(self.path(key), self.get(key, default))
-
-    def number(self, key: str, default: float) -> float:
-        """As written (5 stays 5, so errors quote it so): the spec keeps it as a float."""
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise check.fail(self.path(key), "a number", value)
-        return value
-
-    def size(self, key: str, default: int) -> int:
-        return parse_size(self.get(key, default), self.path(key))
-
-    def fraction(self, key: str, default: Fraction) -> Fraction:
-        if not self.has(key):
-            self.used.add(key)
-            return default
-        return to_fraction(self.get(key), self.path(key))
 
     def done(self) -> None:
         """Every key given was read: check_keys and the parser agree on what a level holds."""
@@ -218,6 +203,37 @@ def resolve(path: str, base: Path) -> str:
         return path
     p = Path(path).expanduser()
     return str(p if p.is_absolute() else (base / p))
+
+
+def _number(value: object, where: str, base: Path) -> object:
+    """As written (5 stays 5, so errors quote it so): the spec keeps it as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise check.fail(where, "a number", value)
+    return value
+
+
+def _path(value: object, where: str, base: Path) -> str:
+    return resolve(check.Text()(where, value), base)
+
+
+def _optional_path(value: object, where: str, base: Path) -> str:
+    return "" if value is None else _path(value, where, base)
+
+
+def _text_or_none(value: object, where: str, base: Path) -> str:
+    return "" if value is None else check.Text()(where, value)
+
+
+# How a file writes values of a few kinds (options.Convert). A value as written is
+# options.AS_WRITTEN: the spec's checks name what is wrong with it.
+NUMBER = Convert(_number)
+SIZES = "size: 4096, `64MiB`, `1 GB` (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+SIZE = Convert(lambda v, where, base: parse_size(v, where), SIZES)
+FRACTION = Convert(lambda v, where, base: to_fraction(v, where), 'weight: 3, 0.7 or "1/3"')
+PATH = Convert(_path, "path or URI (a relative path is relative to this file)", defaults_too=True)
+# "" (none) in the spec; in the file, the key left out or null, never an empty string.
+OPTIONAL_PATH = Convert(_optional_path, "path (relative to this file)")
+TEXT_OR_NONE = Convert(_text_or_none, "non-empty string")
 
 
 def same(field: str) -> str:

@@ -1,57 +1,67 @@
 """A job's keys in a config file into its JobSpec: the single-dataset and mixture forms, the
-source and tokenizer shorthands, weights by dataset name and the schedule's phases. Errors of
-the specs' own checks are named by the key path of the value (configread.build).
+source and tokenizer shorthands, weights by dataset name and the schedule's phases.
+
+The keys of each level and how each value is read follow from the specs' declarations
+(options.py); this module gives the shapes: the job's own keys are also its first phase's and,
+without `datasets:`, its one dataset's; `text_field` and `chunk_bytes` given on a job are the
+defaults of its datasets and sources. Errors of the specs' own checks are named by the key
+path of the value (configread.build).
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from difflib import get_close_matches
 from fractions import Fraction
-from functools import partial
 from pathlib import Path
 
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.configread import (
+    FRACTION,
     Items,
+    Keys,
     Named,
     Section,
-    build,
     join,
-    keys,
-    resolve,
     to_fraction,
 )
-from tokenfeed.server.settings.jobspec import (
-    DatasetSpec,
-    JobSpec,
-    PhaseSpec,
-    SourceSpec,
-    TokenizerSpec,
-    check_job_name,
+from tokenfeed.server.settings.jobspec import JobSpec, PhaseSpec, check_job_name
+from tokenfeed.server.settings.options import file_only, option_of, options_of
+from tokenfeed.server.settings.sourcespec import DatasetSpec, SourceSpec
+from tokenfeed.server.settings.specread import (
+    SpecReader,
+    defaults_for,
+    file_key,
+    keys_of,
+    read_option,
 )
 
-log = logging.getLogger(__name__)
-
-# Under this, per-chunk costs outweigh the bytes read (bench/smallobjects.py, bench/store.py).
-SMALL_CHUNK_BYTES = 2**20
+# A dataset's weight in the first phase (job-level or phase `weights` name it instead).
+WEIGHT = file_only(
+    "weight",
+    FRACTION,
+    Fraction(1),
+    "the dataset's weight in the job's first phase (the job's `weights` may give it instead)",
+)
 
 # The keys of a job and of each level inside it (configread.check_keys walks them first).
-SOURCE = keys("path", "format", "text_field", "token_field")
-TOKENIZER = keys("path", "eos_id", "eos_token", "bos_id", "bos_token", "add_bos", "backend")
-DATASET = keys("text_field", "chunk_bytes", "weight", sources=Items(SOURCE))
-PHASE = keys("start_step", "global_batch_size", "weights")
-JOB = keys(
-    *("text_field", "chunk_bytes", "dataset", "weights", "batch_multiple_of"),
-    *("global_batch_size", "seq_len", "seed", "packing", "window_chunks", "bad_records"),
-    sources=Items(SOURCE),
-    datasets=Named(DATASET),
-    tokenizer=TOKENIZER,
-    schedule=Items(PHASE),
+SOURCE = keys_of(SourceSpec).showing("its dataset's or job's `text_field`", "text_field")
+TEXT_FIELD = defaults_for(SourceSpec, "text_field", "the sources")
+DATASET = (
+    keys_of(DatasetSpec, exclude=("dataset",), sources=Items(SOURCE))
+    | TEXT_FIELD
+    | Keys({"weight": None}, {"weight": WEIGHT})
+).showing("the job's", "chunk_bytes", "text_field")
+_CARRIED = [o.key for o in options_of(PhaseSpec) if o.key and o.name != "start_step"]
+PHASE = keys_of(PhaseSpec).showing("the phase before's", *_CARRIED)
+JOB = (
+    keys_of(JobSpec, datasets=Named(DATASET, "<dataset>"), schedule=Items(PHASE))
+    | keys_of(PhaseSpec, exclude=("start_step",))
+    | keys_of(DatasetSpec, sources=Items(SOURCE)).showing("required without `datasets`", "sources")
+    | TEXT_FIELD
 )
 # The names a file gives its jobs, each holding a job's keys.
-JOBS = Named(JOB)
+JOBS = Named(JOB, "<job>")
 
 
 def jobs(raw: object, base: Path) -> tuple[JobSpec, ...]:
@@ -68,70 +78,38 @@ def jobs(raw: object, base: Path) -> tuple[JobSpec, ...]:
 
 def _job(name: str, raw: object, where: str, base: Path) -> JobSpec:
     s = Section(raw, where)
-    text_field = s.text("text_field", SourceSpec.text_field)
-    chunk_bytes = _chunk_bytes(s, DatasetSpec.chunk_bytes)
+    text_field = read_option(TEXT_FIELD.declared["text_field"], s, base)
+    chunk_bytes = read_option(option_of(DatasetSpec, "chunk_bytes"), s, base)
     datasets, weights = _datasets(s, base, text_field, chunk_bytes)
     names = [d.name for d in datasets]
     if s.has("weights"):
         weights = _weights(s.get("weights"), s.path("weights"), names, weights)
     # Without job-level weights, the datasets' own `weight` keys gave them.
     weights_key = "weights" if s.has("weights") else "datasets"
-    multiple = s.integer("batch_multiple_of", JobSpec.batch_multiple_of)
-    batch = s.integer("global_batch_size")
-    first = build(
-        where, partial(PhaseSpec, 0, batch, weights), lambda f: weights_key if f == "weights" else f
+    job = SpecReader(JobSpec, s, base)
+    job.read("batch_multiple_of")
+    phase_key = file_key(PhaseSpec)
+    first = SpecReader(PhaseSpec, s, base).build(
+        lambda f: weights_key if f == "weights" else phase_key(f),
+        done=False,
+        start_step=0,
+        weights=weights,
     )
-    tokenizer = _tokenizer(s.require("tokenizer"), s.path("tokenizer"), base)
-    seq_len = s.integer("seq_len")
-    phases = _phases(s, first, names)
-    seed = s.integer("seed", JobSpec.seed)
-    packing = s.text("packing", JobSpec.packing)
-    window_chunks = s.integer("window_chunks", JobSpec.window_chunks)
-    bad_records = s.text("bad_records", JobSpec.bad_records)
+    job.read("tokenizer")
+    job.read("seq_len")
+    phases = _phases(s, first, names, base)
     s.get("dataset")  # read by _datasets for the single-dataset form
-    s.done()
-    return build(
-        where,
-        lambda: JobSpec(
-            name=name,
-            datasets=datasets,
-            tokenizer=tokenizer,
-            seq_len=seq_len,
-            phases=phases,
-            seed=seed,
-            packing=packing,
-            window_chunks=window_chunks,
-            bad_records=bad_records,
-            batch_multiple_of=multiple,
-        ),
-        _job_key,
-    )
+    return job.build(_job_key, name=name, datasets=datasets, phases=phases)
 
 
 def _job_key(field: str) -> str:
     """Where a JobSpec field is in the file: phase 0 is the job's own keys, phase i the
     schedule's entry i - 1; the name is the job's key itself."""
-    if field == "name":
-        return ""
     m = re.fullmatch(r"phases\[(\d+)\]\.?(.*)", field)
     if m is None:
-        return field
+        return file_key(JobSpec)(field)
     i, rest = int(m.group(1)), m.group(2)
     return rest if i == 0 else join(f"schedule[{i - 1}]", rest)
-
-
-def _chunk_bytes(s: Section, default: int) -> int:
-    """`chunk_bytes` of a job or dataset; a small one is allowed (tests use it) but said to
-    cost what it does, once, where it is given."""
-    size = s.size("chunk_bytes", default)
-    if s.has("chunk_bytes") and size < SMALL_CHUNK_BYTES:
-        log.warning(
-            "%s: chunk_bytes %d is under 1 MiB: each chunk costs 4 store files, a manifest and "
-            "at least one GET; expect slow builds and a large store",
-            s.path("chunk_bytes"),
-            size,
-        )
-    return size
 
 
 def _datasets(
@@ -139,14 +117,10 @@ def _datasets(
 ) -> tuple[tuple[DatasetSpec, ...], tuple[Fraction, ...]]:
     """(datasets, their weights): a `datasets:` mapping, or the job's own `sources:`."""
     if not s.has("datasets"):
-        name = s.text("dataset", "main")
+        one = SpecReader(DatasetSpec, s, base)
+        one.read("name")
         sources = _sources(s, base, text_field)
-        one = build(
-            s.where,
-            partial(DatasetSpec, name, sources, chunk_bytes),
-            lambda f: "dataset" if f == "name" else f,
-        )
-        return (one,), (Fraction(1),)
+        return (one.build(done=False, sources=sources, chunk_bytes=chunk_bytes),), (Fraction(1),)
     raw = s.require("datasets")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(
@@ -158,15 +132,16 @@ def _datasets(
             f"{s.path('datasets')}, not beside them; got {s.get('sources')!r}"
         )
     datasets, weights = [], []
+    dataset_key = file_key(DatasetSpec)
     for name, body in raw.items():
         d = Section(body, join(s.path("datasets"), str(name)))
-        field = d.text("text_field", text_field)
-        size = _chunk_bytes(d, chunk_bytes)
+        r = SpecReader(DatasetSpec, d, base)
+        field = read_option(TEXT_FIELD.declared["text_field"], d, base, text_field)
+        r.read("chunk_bytes", chunk_bytes)
         sources = _sources(d, base, field)
-        weights.append(d.fraction("weight", Fraction(1)))
-        d.done()
-        make = partial(DatasetSpec, str(name), sources, size)
-        datasets.append(build(d.where, make, lambda f: "" if f == "name" else f))
+        weights.append(read_option(WEIGHT, d, base))
+        key = lambda f: "" if f == "name" else dataset_key(f)  # noqa: E731 - the mapping's key
+        datasets.append(r.build(key, name=str(name), sources=sources))
     return tuple(datasets), tuple(weights)
 
 
@@ -182,41 +157,20 @@ def _sources(s: Section, base: Path, text_field: str) -> tuple[SourceSpec, ...]:
 
 def _source(raw: object, where: str, base: Path, default_field: str) -> SourceSpec:
     s = Section({"path": raw} if isinstance(raw, str) else raw, where)
-    pattern = resolve(s.text("path"), base)
-    fmt = s.text("format", SourceSpec.format)
-    text_field = s.text("text_field", default_field)
-    token_field = s.optional_text("token_field")
-    s.done()
-    spec = build(
-        where,
-        lambda: SourceSpec(pattern, fmt, text_field, token_field),
-        lambda f: "path" if f == "pattern" else f,
-    )
+    spec = SpecReader(SourceSpec, s, base).build(defaults={"text_field": default_field})
     # What the source's own keys say together (a job's text_field is only a default).
-    if token_field is not None and s.has("text_field"):
+    if spec.token_field is not None and s.has("text_field"):
         raise ConfigError(
             f"{s.path('token_field')}: a source reads either a text column or a "
-            f"token column, got text_field {text_field!r} and token_field {token_field!r}"
+            f"token column, got text_field {spec.text_field!r} and token_field "
+            f"{spec.token_field!r}"
         )
     if spec.megatron and s.has("text_field"):
         raise ConfigError(
             f"{s.path('text_field')}: a Megatron source has no text field, got "
-            f"{text_field!r} for {spec.pattern!r}"
+            f"{spec.text_field!r} for {spec.pattern!r}"
         )
     return spec
-
-
-def _tokenizer(raw: object, where: str, base: Path) -> TokenizerSpec:
-    s = Section({"path": raw} if isinstance(raw, str) else raw, where)
-    path = resolve(s.text("path"), base)
-    eos_id, eos_token = s.token_id("eos_id"), s.optional_text("eos_token")
-    bos_id, bos_token = s.token_id("bos_id"), s.optional_text("bos_token")
-    add_bos = s.flag("add_bos", TokenizerSpec.add_bos)
-    backend = s.text("backend", TokenizerSpec.backend)
-    s.done()
-    return build(
-        where, lambda: TokenizerSpec(path, eos_id, eos_token, bos_id, bos_token, add_bos, backend)
-    )
 
 
 def _weights(
@@ -233,7 +187,7 @@ def _weights(
     return tuple(given.get(n, previous[i]) for i, n in enumerate(names))
 
 
-def _phases(s: Section, first: PhaseSpec, names: list[str]) -> tuple[PhaseSpec, ...]:
+def _phases(s: Section, first: PhaseSpec, names: list[str], base: Path) -> tuple[PhaseSpec, ...]:
     """Phase 0 from the job's keys, then one per `schedule` entry; what an entry leaves out
     carries over from the phase before it."""
     phases = [first]
@@ -243,11 +197,13 @@ def _phases(s: Section, first: PhaseSpec, names: list[str]) -> tuple[PhaseSpec, 
     for i, body in enumerate(raw):
         p = Section(body, f"{s.path('schedule')}[{i}]")
         prev = phases[-1]
-        start = p.integer("start_step")
-        batch = p.integer("global_batch_size", prev.global_batch_size)
+        r = SpecReader(PhaseSpec, p, base)
+        r.read("start_step")
+        carried = {o.name: getattr(prev, o.name) for o in options_of(PhaseSpec)}
+        del carried["start_step"]
+        r.read_all(carried)
         weights = prev.weights
         if p.has("weights"):
             weights = _weights(p.get("weights"), p.path("weights"), names, prev.weights)
-        p.done()
-        phases.append(build(p.where, partial(PhaseSpec, start, batch, weights)))
+        phases.append(r.build(weights=weights))
     return tuple(phases)

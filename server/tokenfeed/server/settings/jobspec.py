@@ -1,166 +1,159 @@
-"""A job's spec: its datasets and sources, tokenizer, packing and batch schedule.
+"""A job's spec: what it reads (sourcespec.py), its packing and batch schedule.
 
-Every spec checks its own fields when it is constructed (configcheck.py), so a spec built in
-code is held to the same rules as one read from a file. Field names are the spec's own; the
-file's keys that fill them are configparse.py's business.
+Each option is declared once on its field (options.py): its checks run when the spec is
+constructed, so a spec built in code is held to the same rules as one read from a file, and
+the file's keys, their reading and the reference follow from the same declaration. The shapes
+of a job in a file (one dataset or a mixture, weights by name, the schedule) are jobparse.py's.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.settings import configcheck as check
+from tokenfeed.server.settings.configcheck import Instance, Integer, Rule, Text, Tuple, fail
+from tokenfeed.server.settings.options import Form, Nested, option, validate
+from tokenfeed.server.settings.sourcespec import DatasetSpec, TokenizerSpec
 
 PACKINGS = ("concat", "best_fit")
-# Names `format: auto` reads as JSON Lines (chunks.py reads the same suffixes).
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BAD_RECORD_POLICIES = ("skip", "strict")
-FORMATS = ("auto", "jsonl", "parquet", "megatron")
-TOKENIZER_BACKENDS = ("auto", "hf", "tiktoken")
 # A job's name travels in requests, metrics labels and file names.
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # The sample order's keys are 64-bit (order.py).
 SEED_LIMIT = 2**64
 
+JOB_NAME_CHECK = Rule(
+    lambda v: isinstance(v, str) and JOB_NAME.fullmatch(v),
+    "a job name of letters, digits, '.', '_', '-'",
+)
+
 
 def check_job_name(name: str, value: object) -> str:
-    if not isinstance(value, str) or not JOB_NAME.fullmatch(value):
-        raise check.fail(name, "a job name of letters, digits, '.', '_', '-'", value)
-    return value
+    return str(JOB_NAME_CHECK(name, value))
 
 
 @dataclass(frozen=True)
-class SourceSpec:
-    """One glob (or path) of source objects and how to read them."""
+class _Weights:
+    """Exact rationals only: a float weight would apportion rows by its binary expansion."""
 
-    pattern: str
-    format: str = "auto"
-    text_field: str = "text"
-    # Parquet only: a column of token-id lists read instead of a text column (no tokenizer).
-    token_field: str | None = None
+    accepts: str = "weights >= 0 with a positive sum"
 
-    def __post_init__(self) -> None:
-        check.text("pattern", self.pattern)
-        check.text("format", self.format, FORMATS)
-        check.text("text_field", self.text_field)
-        check.optional_text("token_field", self.token_field)
-        if self.token_field is not None and (self.megatron or self.jsonl):
-            kind = "Megatron datasets hold token ids already" if self.megatron else "not JSON Lines"
+    def __call__(self, name: str, value: Any) -> tuple[Fraction, ...]:
+        weights = Tuple(Fraction)(name, value)
+        for i, weight in enumerate(weights):
+            if weight < 0:
+                raise fail(f"{name}[{i}]", "a weight >= 0", weight)
+        if sum(weights) <= 0:
             raise ConfigError(
-                f"token_field: applies to Parquet sources only ({kind}), "
-                f"got {self.token_field!r} for {self.pattern!r}"
+                f"{name}: weights must have a positive sum, got {[str(w) for w in weights]}"
             )
-
-    # A pattern whose name does not tell the format (and `format: auto`) is checked per object
-    # when its chunks are planned (chunks.source_kind).
-    @property
-    def megatron(self) -> bool:
-        """Megatron `.bin`/`.idx` pairs, by `format` or by the pattern's name."""
-        return self.format == "megatron" or (self.format == "auto" and self._name.endswith(".idx"))
-
-    @property
-    def jsonl(self) -> bool:
-        """JSON Lines, by `format` or by the pattern's name."""
-        return self.format == "jsonl" or (
-            self.format == "auto" and self._name.endswith(JSONL_SUFFIXES)
-        )
-
-    @property
-    def _name(self) -> str:
-        return re.sub(r"\.(gz|zst|zstd)$", "", self.pattern.lower())
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    path: str
-    # Explicit ids win; otherwise the named tokens are looked up in the tokenizer's vocabulary;
-    # otherwise EOS is guessed from common names (see tokenize.py).
-    eos_id: int | None = None
-    eos_token: str | None = None
-    bos_id: int | None = None
-    bos_token: str | None = None
-    add_bos: bool = False
-    # The engine that computes the ids: never changes them (tokenize.py checks at load time),
-    # so it is not part of the job's fingerprint.
-    backend: str = "auto"
-
-    def __post_init__(self) -> None:
-        check.text("path", self.path)
-        check.token_id("eos_id", self.eos_id)
-        check.optional_text("eos_token", self.eos_token)
-        check.token_id("bos_id", self.bos_id)
-        check.optional_text("bos_token", self.bos_token)
-        check.flag("add_bos", self.add_bos)
-        check.text("backend", self.backend, TOKENIZER_BACKENDS)
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    # Keys the dataset's sample order: renaming a job keeps its batches.
-    name: str
-    sources: tuple[SourceSpec, ...]
-    chunk_bytes: int = 64 * 2**20
-
-    def __post_init__(self) -> None:
-        check.text("name", self.name)
-        check.items("sources", self.sources, SourceSpec)
-        check.size("chunk_bytes", self.chunk_bytes)
+        return weights
 
 
 @dataclass(frozen=True)
 class PhaseSpec:
     """From `start_step` on: this global batch size and these weights (one per dataset)."""
 
-    start_step: int
-    global_batch_size: int
-    weights: tuple[Fraction, ...]
+    start_step: int = field(
+        metadata=option(
+            Integer(minimum=0), doc="the first step of the phase, after the phase before's"
+        )
+    )
+    global_batch_size: int = field(
+        metadata=option(
+            Integer(minimum=1),
+            doc="rows per step across all ranks: any world size that divides it is valid at "
+            "any step",
+        )
+    )
+    weights: tuple[Fraction, ...] = field(
+        metadata=option(
+            _Weights(),
+            read=Form('mapping of dataset name to weight: 3, 0.7 or "1/3"'),
+            shown="each dataset's `weight`",
+            doc="exact weights of the datasets by name; those not named keep theirs; a phase's "
+            "weights must have a positive sum",
+        )
+    )
 
     def __post_init__(self) -> None:
-        check.integer("start_step", self.start_step, minimum=0)
-        check.integer("global_batch_size", self.global_batch_size, minimum=1)
-        # Exact rationals only: a float weight would apportion rows by its binary expansion.
-        check.items("weights", self.weights, Fraction)
-        for i, weight in enumerate(self.weights):
-            if weight < 0:
-                raise check.fail(f"weights[{i}]", "a weight >= 0", weight)
-        if sum(self.weights) <= 0:
-            raise ConfigError(
-                f"weights: weights must have a positive sum, got {[str(w) for w in self.weights]}"
-            )
+        validate(self)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    name: str
-    datasets: tuple[DatasetSpec, ...]
-    tokenizer: TokenizerSpec
-    seq_len: int
+    name: str = field(metadata=option(JOB_NAME_CHECK, key=None, doc="the name clients ask for"))
+    datasets: tuple[DatasetSpec, ...] = field(
+        metadata=option(
+            Tuple(DatasetSpec),
+            read=Form("mapping of dataset name to dataset (below)"),
+            shown="one: the job's own `sources`",
+            doc="a mixture: its datasets by name, instead of the job's own `sources`",
+        )
+    )
+    tokenizer: TokenizerSpec = field(
+        metadata=option(
+            Instance(TokenizerSpec),
+            read=Nested(TokenizerSpec, shorthand="path", absent="required"),
+            doc="the tokenizer; a string is its `path`",
+        )
+    )
+    seq_len: int = field(metadata=option(Integer(minimum=1), doc="tokens per row"))
     # phases[0] starts at step 0 and carries the job's global_batch_size and weights
-    phases: tuple[PhaseSpec, ...]
-    seed: int = 0
-    packing: str = "concat"
-    window_chunks: int = 8
-    bad_records: str = "skip"
-    # Every phase's global batch size is a multiple of this (the trainer's data-parallel size,
-    # say). It refuses schedules only; it is not part of the job's fingerprint.
-    batch_multiple_of: int = 1
+    phases: tuple[PhaseSpec, ...] = field(
+        metadata=option(
+            Tuple(PhaseSpec),
+            key="schedule",
+            read=Form("list of phases (below)"),
+            shown="none",
+            doc="phases after step 0 (the job's own keys are the first); what a phase leaves "
+            "out carries over from the one before",
+        )
+    )
+    seed: int = field(
+        default=0,
+        metadata=option(
+            Integer(minimum=0),
+            Rule(lambda v: v < SEED_LIMIT, "an integer < 2**64"),
+            doc="keys the sample order",
+            why="any fixed value serves: a seed only keys the order",
+        ),
+    )
+    packing: str = field(
+        default="concat",
+        metadata=option(Text(PACKINGS), doc="[batch format](batch-format.md)"),
+    )
+    window_chunks: int = field(
+        default=8,
+        metadata=option(
+            Integer(minimum=1),
+            doc="chunks whose rows are shuffled together: I/O locality against mixing; the order "
+            "stays a full permutation per epoch",
+        ),
+    )
+    bad_records: str = field(
+        default="skip",
+        metadata=option(
+            Text(BAD_RECORD_POLICIES),
+            doc="`skip`: count, log, go on; `strict`: refuse the job ([bad records](#bad-records))",
+        ),
+    )
+    batch_multiple_of: int = field(
+        default=1,
+        metadata=option(
+            Integer(minimum=1),
+            doc="every phase's global batch size must be a multiple of this (the trainer's "
+            "data-parallel size, say); it refuses schedules only and is not part of the job's "
+            "fingerprint",
+            why="1 refuses no batch size",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        check_job_name("name", self.name)
-        check.items("datasets", self.datasets, DatasetSpec)
-        check.instance("tokenizer", self.tokenizer, TokenizerSpec)
-        check.integer("seq_len", self.seq_len, minimum=1)
-        check.items("phases", self.phases, PhaseSpec)
-        check.integer("seed", self.seed, minimum=0)
-        if self.seed >= SEED_LIMIT:
-            raise check.fail("seed", "an integer < 2**64", self.seed)
-        check.text("packing", self.packing, PACKINGS)
-        check.integer("window_chunks", self.window_chunks, minimum=1)
-        check.text("bad_records", self.bad_records, BAD_RECORD_POLICIES)
-        check.integer("batch_multiple_of", self.batch_multiple_of, minimum=1)
+        validate(self)
         self._check_datasets()
         self._check_phases()
 
@@ -168,15 +161,15 @@ class JobSpec:
         seen: set[str] = set()
         for i, dataset in enumerate(self.datasets):
             if dataset.name in seen:
-                raise check.fail(f"datasets[{i}].name", "a name no other dataset has", dataset.name)
+                raise fail(f"datasets[{i}].name", "a name no other dataset has", dataset.name)
             seen.add(dataset.name)
 
     def _check_phases(self) -> None:
         if self.phases[0].start_step != 0:
-            raise check.fail("phases[0].start_step", "0", self.phases[0].start_step)
+            raise fail("phases[0].start_step", "0", self.phases[0].start_step)
         for i, phase in enumerate(self.phases):
             if len(phase.weights) != len(self.datasets):
-                raise check.fail(
+                raise fail(
                     f"phases[{i}].weights",
                     f"one weight per dataset ({len(self.datasets)})",
                     [str(w) for w in phase.weights],

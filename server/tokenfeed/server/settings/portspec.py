@@ -1,33 +1,61 @@
 """What the serving port accepts: TLS, bearer tokens, and bounds on what clients may ask.
 
-Checked on construction like every spec (configcheck.py); auth.py reads the files they name
+Each option is declared once on its field (options.py); auth.py reads the files they name
 when the server starts.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.settings import configcheck as check
+from tokenfeed.server.settings.configcheck import Integer, Number, Rule, Size, Text
+from tokenfeed.server.settings.configread import NUMBER, OPTIONAL_PATH, PATH, SIZE, TEXT_OR_NONE
+from tokenfeed.server.settings.options import REQUIRED, Option, option, validate
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The smallest request: a job name and a few integers.
+MIN_REQUEST_BYTES = 1024
 
 
 @dataclass(frozen=True)
 class TlsSpec:
     """TLS on the gRPC port; auth.py reads and checks the files when the server starts."""
 
-    cert_file: str = ""  # PEM certificate chain; empty: no TLS
-    key_file: str = ""  # PEM private key of the certificate, unencrypted
-    # PEM CA bundle: when set, every client must present a certificate it signed (mTLS).
-    client_ca_file: str = ""
+    cert_file: str = field(
+        default="",
+        metadata=option(
+            Text(empty=True),
+            read=PATH,
+            default=REQUIRED,
+            doc="PEM certificate chain: TLS on `server.listen`. Read when the server starts: a "
+            "missing or unreadable file, a file without PEM, or a key that is not the "
+            "certificate's stops the start (status 2) with the key and the path",
+        ),
+    )
+    key_file: str = field(
+        default="",
+        metadata=option(
+            Text(empty=True),
+            read=PATH,
+            default=REQUIRED,
+            doc="the certificate's PEM private key, unencrypted",
+        ),
+    )
+    client_ca_file: str = field(
+        default="",
+        metadata=option(
+            Text(empty=True),
+            read=OPTIONAL_PATH,
+            doc="PEM CA bundle: mTLS, every client must present a certificate signed by it (a "
+            "client without one fails its TLS handshake)",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        cert = check.text("cert_file", self.cert_file, empty=True)
-        key = check.text("key_file", self.key_file, empty=True)
-        ca = check.text("client_ca_file", self.client_ca_file, empty=True)
+        validate(self)
+        cert, key, ca = self.cert_file, self.key_file, self.client_ca_file
         # A certificate without its key (or a key alone) cannot serve TLS; a CA without TLS
         # would look like mTLS while the port stays plaintext.
         if cert and not key:
@@ -42,38 +70,89 @@ class TlsSpec:
         return bool(self.cert_file)
 
 
+def _seconds(minimum: float, doc: str, why: str = "") -> dict[str, Option]:
+    return option(Number(minimum), read=NUMBER, doc=doc, why=why, accepts=f"seconds >= {minimum:g}")
+
+
 @dataclass(frozen=True)
 class LimitsSpec:
     """Bounds on what clients may ask of a serving process (docs/configuration.md, limits)."""
 
-    # Requests are a job name and a few integers: tens of bytes. 64 KiB leaves room for any
-    # job name while a client can no longer make the server buffer a gigabyte.
-    max_request_bytes: int = 64 * 1024
-    # RPCs in flight at once (unary calls and open streams together); past it, RESOURCE_
-    # EXHAUSTED. 1024: every rank of a large run on one server, with room for retries.
-    max_concurrent_rpcs: int = 1024
-    # HTTP/2 streams per connection: a client multiplexing more waits for one to finish.
-    max_streams_per_connection: int = 256
-    # Server pings an idle connection every keepalive_seconds and drops it if no answer comes
-    # in keepalive_timeout_seconds; clients may ping as often as every min_ping_seconds.
-    keepalive_seconds: float = 60.0
-    keepalive_timeout_seconds: float = 20.0
-    min_ping_seconds: float = 5.0
-    # A connection with no call for this long is closed (the client reconnects when needed).
-    idle_seconds: float = 600.0
+    max_request_bytes: int = field(
+        default=64 * 1024,
+        metadata=option(
+            Size(),
+            Rule(
+                lambda v: v >= MIN_REQUEST_BYTES,
+                "at least 1KiB",
+                "{value} bytes cannot hold a request; expected at least 1KiB",
+            ),
+            read=SIZE,
+            doc="larger requests are refused with `RESOURCE_EXHAUSTED` before they are buffered "
+            "(`grpc.max_receive_message_length`). Without it a 256 MiB request took a server to "
+            "2.8 GB. Replies (batches) keep a 1 GiB limit",
+            why="a request is a job name and a few integers (tens of bytes): 64 KiB leaves room "
+            "for any job name while a client can no longer make the server buffer a gigabyte",
+        ),
+    )
+    max_concurrent_rpcs: int = field(
+        default=1024,
+        metadata=option(
+            Integer(minimum=1),
+            doc="calls in flight at once, unary calls and open streams together "
+            "(`maximum_concurrent_rpcs` of the gRPC server); a call past it gets "
+            "`RESOURCE_EXHAUSTED` at once, which the client library does not retry. Also what "
+            "bounds the memory of stalled streams ([limits](#limits)); set it to at least the "
+            "ranks served × 2 (a stream and a retry)",
+            why="holds one stream per rank of a large run on one process with room for retries",
+        ),
+    )
+    max_streams_per_connection: int = field(
+        default=256,
+        metadata=option(
+            Integer(minimum=1),
+            doc="HTTP/2 streams open on one connection (`grpc.max_concurrent_streams`); a client "
+            "that opens more waits for one to end instead of piling calls on one connection",
+        ),
+    )
+    keepalive_seconds: float = field(
+        default=60.0,
+        metadata=_seconds(
+            1.0,
+            doc="the server pings a connection after this long without traffic "
+            "(`grpc.keepalive_time_ms`)",
+            why="a vanished client's connection and its calls go away within a minute and 20 s",
+        ),
+    )
+    keepalive_timeout_seconds: float = field(
+        default=20.0,
+        metadata=_seconds(
+            1.0,
+            doc="and closes it if no answer comes in this long (`grpc.keepalive_timeout_ms`)",
+            why="see keepalive_seconds",
+        ),
+    )
+    min_ping_seconds: float = field(
+        default=5.0,
+        metadata=_seconds(
+            0.0,
+            doc="clients' own keepalive pings are accepted as often as this, even without calls "
+            "(`grpc.http2.min_ping_interval_without_data_ms`, "
+            "`grpc.keepalive_permit_without_calls`, and no ping strikes)",
+            why="a client configured to ping is never disconnected with `too_many_pings`",
+        ),
+    )
+    idle_seconds: float = field(
+        default=600.0,
+        metadata=_seconds(
+            1.0,
+            doc="a connection without calls for this long is closed "
+            "(`grpc.max_connection_idle_ms`); clients reconnect when they next call",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        size = check.size("max_request_bytes", self.max_request_bytes)
-        if size < 1024:
-            raise ConfigError(
-                f"max_request_bytes: {size} bytes cannot hold a request; expected at least 1KiB"
-            )
-        check.integer("max_concurrent_rpcs", self.max_concurrent_rpcs, minimum=1)
-        check.integer("max_streams_per_connection", self.max_streams_per_connection, minimum=1)
-        check.float_field(self, "keepalive_seconds", minimum=1.0)
-        check.float_field(self, "keepalive_timeout_seconds", minimum=1.0)
-        check.float_field(self, "min_ping_seconds", minimum=0.0)
-        check.float_field(self, "idle_seconds", minimum=1.0)
+        validate(self)
 
 
 @dataclass(frozen=True)
@@ -81,14 +160,30 @@ class AuthSpec:
     """Bearer tokens every call but the health checks must carry (auth.py). The accepted set is
     the union of the file's tokens and the variable's."""
 
-    tokens_file: str = ""  # one token per line, `#` comments; re-read when it changes
-    tokens_env: str = ""  # the name of an environment variable holding tokens, read at start
+    tokens_file: str = field(
+        default="",
+        metadata=option(
+            Text(empty=True),
+            read=OPTIONAL_PATH,
+            doc="bearer tokens, one per line with `#` comments ([format](#tokens-file)); re-read "
+            "when its modification time, size or inode changes, looked at no more than once a "
+            "second, so rotation needs no restart (there is no SIGHUP handling)",
+        ),
+    )
+    tokens_env: str = field(
+        default="",
+        metadata=option(
+            Text(empty=True),
+            Rule(lambda v: not v or ENV_NAME.fullmatch(v), "the name of an environment variable"),
+            read=TEXT_OR_NONE,
+            doc="the name of an environment variable holding tokens (separated by newlines or "
+            "spaces, same `token[:jobs]` form), read once at start; accepted together with the "
+            "file's",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        check.text("tokens_file", self.tokens_file, empty=True)
-        env = check.text("tokens_env", self.tokens_env, empty=True)
-        if env and not ENV_NAME.fullmatch(env):
-            raise check.fail("tokens_env", "the name of an environment variable", env)
+        validate(self)
 
     @property
     def enabled(self) -> bool:

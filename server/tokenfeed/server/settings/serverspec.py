@@ -1,166 +1,258 @@
-"""The server's spec (ports, cache, workers), how it reaches object storage and the fleet's
-shared store, and `Config`: the whole file, jobs included.
+"""The server's spec (ports, cache, workers) and `Config`: the whole file, jobs included.
 
-Checked on construction like every spec (configcheck.py).
+Each option is declared once on its field (options.py).
 """
 
 from __future__ import annotations
 
-import re
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.settings import configcheck as check
+from tokenfeed.server.settings.configcheck import Instance, Integer, Number, Rule, Size, Text, fail
+from tokenfeed.server.settings.configread import NUMBER, PATH, SIZE, TEXT_OR_NONE
 from tokenfeed.server.settings.jobspec import JobSpec
+from tokenfeed.server.settings.options import (
+    REQUIRED,
+    Convert,
+    Form,
+    Nested,
+    Option,
+    option,
+    validate,
+)
 from tokenfeed.server.settings.portspec import AuthSpec, LimitsSpec, TlsSpec
+from tokenfeed.server.settings.storespec import ObjectStoreSpec, StoreSpec
 
 LOG_FORMATS = ("text", "json")
-ADDRESSING_STYLES = ("auto", "path", "virtual")
 # More serving processes than this share one port badly (and no data node has the cores).
 MAX_WORKERS = 1024
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on, capped by a cgroup v2 CPU quota (a container's limit)."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            count = min(count or 1, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, count or 1)
+
+
+def _workers(value: object, where: str, base: Path) -> object:
+    if value == "auto":
+        return min(available_cpus(), MAX_WORKERS)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{where}: expected an integer in [1, {MAX_WORKERS}] or 'auto', got {value!r}"
+        )
+    return value
+
+
+def _seconds(doc: str, why: str = "") -> dict[str, Option]:
+    return option(Number(), read=NUMBER, doc=doc, why=why, accepts="seconds >= 0")
+
+
+def _port(doc: str) -> dict[str, Option]:
+    """A `host:port` that is off when left out ("" in code)."""
+    return option(Text(empty=True), read=TEXT_OR_NONE, doc=doc, accepts="`host:port`")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
-    listen: str = "127.0.0.1:50051"
-    # Prometheus metrics and the status page; empty: no HTTP port.
-    metrics_listen: str = ""
-    cache_dir: str = ".tokenfeed-cache"
-    # The disk cache's budget: raw blocks fetched from object storage plus token chunks.
-    cache_bytes: int = 20 * 2**30
-    # Background prefetch keeps each job's chunks this many steps past its furthest request.
-    prefetch_steps: int = 8
-    tokenize_threads: int = 2
-    log_format: str = "text"
-    # How long a request waits for a job that is still indexing before UNAVAILABLE.
-    max_wait_seconds: float = 30.0
-    grace_seconds: float = 10.0
-    # A plaintext gRPC port serving grpc.health.v1 only, for probes that cannot speak TLS (the
-    # kubelet's); empty: none.
-    health_listen: str = ""
-    tls: TlsSpec = field(default_factory=TlsSpec)
-    auth: AuthSpec = field(default_factory=AuthSpec)
-    limits: LimitsSpec = field(default_factory=LimitsSpec)
-    # Serving processes on the listen port (workers.py). 1: one process owns the cache and
-    # serves, as a sidecar beside one trainer wants. More (or `auto`: the CPUs this process
-    # may use, capped by its cgroup's CPU quota): a supervisor owns the cache and that many
-    # workers serve, so every core of a data node serves.
-    workers: int = 1
-    # Batches each StreamBatches call builds ahead of the one being sent: enough to keep the
-    # wire busy while the next is built (bench/ serving section), few enough that a reader
-    # that stalls holds little memory (this many batches, plus one in gRPC's hands).
-    stream_ahead: int = 2
-    # Memory for chunks' concat streams laid out in each epoch's order (per process): a row is
-    # then a slice copy. It should hold a window of chunks and the next window's first.
-    stream_cache_bytes: int = 512 * 2**20
+    listen: str = field(
+        default="127.0.0.1:50051",
+        metadata=option(
+            Text(),
+            doc="`host:port` of the gRPC port; port 0 picks a free port (see `--ready-file`)",
+            why="loopback: a sidecar serves the trainer beside it; a data node names its address",
+        ),
+    )
+    metrics_listen: str = field(
+        default="",
+        metadata=_port(
+            "Prometheus `/metrics` and the status page; port 0 picks a free port (written to "
+            "`--ready-file` as `metrics`). Plain HTTP even with `server.tls` "
+            "([why](deployment.md#tls-and-authentication)); `127.0.0.1:9100` keeps it on loopback"
+        ),
+    )
+    cache_dir: str = field(
+        default=".tokenfeed-cache",
+        metadata=option(
+            Text(),
+            read=PATH,
+            accepts="directory (relative to this file)",
+            doc="the token store in `<cache_dir>/tokens`, object blocks in `<cache_dir>/blocks`",
+        ),
+    )
+    cache_bytes: int = field(
+        default=20 * 2**30,
+        metadata=option(
+            Size(),
+            read=SIZE,
+            doc="the disk cache's budget: raw blocks fetched from object storage plus token "
+            "chunks ([storage and cache](storage-and-cache.md)). It must hold each job's largest "
+            "window of token chunks plus raw data in flight; refused with the bytes needed "
+            "otherwise ([sizing](deployment.md#sizing))",
+        ),
+    )
+    prefetch_steps: int = field(
+        default=8,
+        metadata=option(
+            Integer(minimum=0),
+            doc="background prefetch keeps each job's chunks this many steps past its furthest "
+            "request; 0 turns prefetch off",
+        ),
+    )
+    tokenize_threads: int = field(
+        default=2,
+        metadata=option(
+            Integer(minimum=1), doc="chunks tokenized at once (each call also uses all cores)"
+        ),
+    )
+    log_format: str = field(
+        default="text",
+        metadata=option(
+            Text(LOG_FORMATS), doc="`json`: one object per line, with structured fields"
+        ),
+    )
+    max_wait_seconds: float = field(
+        default=30.0,
+        metadata=_seconds(
+            "how long a request waits for a job that is still indexing, or for its chunks to be "
+            "built, before `UNAVAILABLE`"
+        ),
+    )
+    grace_seconds: float = field(
+        default=10.0, metadata=_seconds("on SIGTERM, in-flight calls get this long to finish")
+    )
+    health_listen: str = field(
+        default="",
+        metadata=_port(
+            "a plaintext gRPC port serving only `grpc.health.v1`, for probes that cannot speak "
+            "TLS (the kubelet's); written to `--ready-file` as `health`"
+        ),
+    )
+    tls: TlsSpec = field(
+        default_factory=TlsSpec,
+        metadata=option(
+            Instance(TlsSpec),
+            read=Nested(TlsSpec, absent="off"),
+            doc="TLS on `listen`; left out: plaintext",
+        ),
+    )
+    auth: AuthSpec = field(
+        default_factory=AuthSpec,
+        metadata=option(
+            Instance(AuthSpec),
+            read=Nested(AuthSpec, absent="off"),
+            accepts="tokens_file, tokens_env or both",
+            doc="bearer tokens on every call but health ([tokens file](#tokens-file)); left "
+            "out: none",
+        ),
+    )
+    limits: LimitsSpec = field(
+        default_factory=LimitsSpec,
+        metadata=option(
+            Instance(LimitsSpec),
+            read=Nested(LimitsSpec),
+            doc="what a client may ask of the port ([limits](#limits))",
+        ),
+    )
+    workers: int = field(
+        default=1,
+        metadata=option(
+            Integer(minimum=1, maximum=MAX_WORKERS),
+            read=Convert(_workers, f"integer in [1, {MAX_WORKERS}] or `auto`"),
+            doc="serving processes sharing `listen` (SO_REUSEPORT): with more than 1, a "
+            "supervisor owns the cache (plans, tokenizes, evicts, prefetches, serves "
+            "`metrics_listen` with every worker's counters summed) and that many workers serve, "
+            "reading the token store ([processes](deployment.md#every-core-serving-workers)). "
+            "`auto`: the CPUs the process may use, capped by its cgroup's CPU quota",
+            why="a sidecar serves one trainer on localhost; a data node sets `auto` (the fleet "
+            "manifest does)",
+        ),
+    )
+    stream_ahead: int = field(
+        default=2,
+        metadata=option(
+            Integer(minimum=1),
+            doc="batches each StreamBatches call builds ahead of the one being sent (a group of "
+            "up to 4 small batches, at most one [32, 4096] batch's tokens in all, is assembled "
+            "in one pass): a reader that stalls holds fewer than twice this many built batches, "
+            "plus the one in gRPC's hands: at most `2 × stream_ahead + 3` batches per stalled "
+            "stream, measured 6.4 at the default ([limits](#limits))",
+            why="enough to keep the wire busy while the next is built (bench/ serving section), "
+            "few enough that a reader that stalls holds little memory",
+        ),
+    )
+    stream_cache_bytes: int = field(
+        default=512 * 2**20,
+        metadata=option(
+            Size(),
+            read=SIZE,
+            doc="memory (per serving process) for chunks' row buffers: each concat stream laid "
+            "out in its epoch's order with its tail (at most `seq_len` tokens its last row reads "
+            "past the chunk's end), so a row is one slice copy; give it a window of token chunks "
+            "and one more chunk (`window_chunks + 1` × token bytes per chunk, "
+            "[sizing](deployment.md#sizing)); a smaller value only costs speed",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        check.text("listen", self.listen)
-        check.text("metrics_listen", self.metrics_listen, empty=True)
-        check.text("cache_dir", self.cache_dir)
-        check.size("cache_bytes", self.cache_bytes)
-        check.integer("prefetch_steps", self.prefetch_steps, minimum=0)
-        check.integer("tokenize_threads", self.tokenize_threads, minimum=1)
-        check.text("log_format", self.log_format, LOG_FORMATS)
-        check.float_field(self, "max_wait_seconds")
-        check.float_field(self, "grace_seconds")
-        check.text("health_listen", self.health_listen, empty=True)
-        check.instance("tls", self.tls, TlsSpec)
-        check.instance("auth", self.auth, AuthSpec)
-        check.instance("limits", self.limits, LimitsSpec)
-        check.integer("workers", self.workers, minimum=1, maximum=MAX_WORKERS)
-        check.integer("stream_ahead", self.stream_ahead, minimum=1)
-        check.size("stream_cache_bytes", self.stream_cache_bytes)
-
-
-@dataclass(frozen=True)
-class ObjectStoreSpec:
-    """How `s3://` URIs are reached. Credentials come from boto3's standard chain (environment,
-    shared files, `profile`, instance or pod roles), never from this file."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    addressing_style: str = "auto"
-    profile: str | None = None
-    # Reads are ranged GETs of aligned blocks of this size, cached on disk.
-    block_bytes: int = 8 * 2**20
-    max_concurrency: int = 8
-    max_attempts: int = 8
-    backoff_base_seconds: float = 0.1
-    backoff_max_seconds: float = 20.0
-    connect_timeout_seconds: float = 10.0
-    read_timeout_seconds: float = 60.0
-
-    def __post_init__(self) -> None:
-        url = check.optional_text("endpoint_url", self.endpoint_url)
-        if url is not None and not re.match(r"https?://", url):
-            raise check.fail("endpoint_url", "http:// or https://", url)
-        check.optional_text("region", self.region)
-        check.text("addressing_style", self.addressing_style, ADDRESSING_STYLES)
-        check.optional_text("profile", self.profile)
-        check.size("block_bytes", self.block_bytes)
-        check.integer("max_concurrency", self.max_concurrency, minimum=1)
-        check.integer("max_attempts", self.max_attempts, minimum=1)
-        check.float_field(self, "backoff_base_seconds")
-        check.float_field(self, "backoff_max_seconds")
-        check.float_field(self, "connect_timeout_seconds")
-        check.float_field(self, "read_timeout_seconds")
-
-
-@dataclass(frozen=True)
-class StoreSpec:
-    """A token store shared by a fleet (sharedstore.py): chunks tokenized by one node are
-    published under `uri` and read by the others, so each chunk is tokenized about once."""
-
-    uri: str = ""  # s3://bucket/prefix/ or a directory; empty: no shared store
-    # This node's name in the fleet: rendezvous hashing assigns chunks to names. Default:
-    # the host name and cache directory (stable across restarts of one node).
-    node: str = ""
-    # Before building, wait (up to join_seconds) until this many nodes heartbeat, so a fleet
-    # started together splits the work from the first chunk.
-    min_nodes: int = 1
-    join_seconds: float = 60.0
-    # A node whose heartbeat is older than this is gone: its chunks are taken over.
-    node_ttl_seconds: float = 30.0
-    # A chunk assigned to a live node but still missing after this long is tokenized here.
-    takeover_seconds: float = 120.0
-
-    def __post_init__(self) -> None:
-        uri = check.text("uri", self.uri, empty=True)
-        node = check.text("node", self.node, empty=True)
-        # Chunks are assigned to node names: a nameless node would own nothing and take over
-        # everything.
-        if uri and not node:
-            raise ConfigError(f"node: required with uri {uri!r}")
-        check.integer("min_nodes", self.min_nodes, minimum=1)
-        check.float_field(self, "join_seconds")
-        check.float_field(self, "node_ttl_seconds", above_zero=True)
-        check.float_field(self, "takeover_seconds")
+        validate(self)
 
 
 @dataclass(frozen=True)
 class Config:
-    server: ServerSpec
-    jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
-    object_store: ObjectStoreSpec = field(default_factory=ObjectStoreSpec)
-    store: StoreSpec = field(default_factory=StoreSpec)
+    server: ServerSpec = field(
+        metadata=option(
+            Instance(ServerSpec), read=Nested(ServerSpec), doc="the server (below)", shown="below"
+        )
+    )
+    jobs: tuple[JobSpec, ...] = field(
+        default_factory=tuple,
+        metadata=option(
+            Rule(lambda v: isinstance(v, tuple), "a tuple of JobSpec"),
+            read=Form("mapping of job name to job (below)"),
+            default=REQUIRED,
+            doc="the jobs this server serves, by the name clients ask for",
+        ),
+    )
+    object_store: ObjectStoreSpec = field(
+        default_factory=ObjectStoreSpec,
+        metadata=option(
+            Instance(ObjectStoreSpec),
+            read=Nested(ObjectStoreSpec),
+            doc="how `s3://` sources, tokenizers and stores are reached (below)",
+        ),
+    )
+    store: StoreSpec = field(
+        default_factory=StoreSpec,
+        metadata=option(
+            Instance(StoreSpec),
+            read=Form("`uri` or mapping (below)"),
+            shown="none",
+            doc="a token store shared by a fleet; a plain string is its `uri`",
+        ),
+    )
     # The file the config came from, for messages.
-    origin: str = "<memory>"
+    origin: str = field(
+        default="<memory>", metadata=option(Text(), key=None, doc="the file, for messages")
+    )
 
     def __post_init__(self) -> None:
-        check.instance("server", self.server, ServerSpec)
-        if not isinstance(self.jobs, tuple):
-            raise check.fail("jobs", "a tuple of JobSpec", self.jobs)
+        validate(self)
         names: set[str] = set()
         for i, job in enumerate(self.jobs):
-            check.instance(f"jobs[{i}]", job, JobSpec)
+            Instance(JobSpec)(f"jobs[{i}]", job)
             # Clients ask for a job by name: two of one name would serve one of them.
             if job.name in names:
-                raise check.fail(f"jobs[{i}].name", "a name no other job has", job.name)
+                raise fail(f"jobs[{i}].name", "a name no other job has", job.name)
             names.add(job.name)
-        check.instance("object_store", self.object_store, ObjectStoreSpec)
-        check.instance("store", self.store, StoreSpec)
-        check.text("origin", self.origin)
 
     def job(self, name: str) -> JobSpec:
         for job in self.jobs:
