@@ -365,6 +365,7 @@ FULL = {
         **{"cache_dir": "c", "cache_bytes": "1GiB", "prefetch_steps": 0, "log_format": "json"},
         **{"tokenize_threads": 3, "max_wait_seconds": 1, "grace_seconds": 1, "workers": 2},
         **{"stream_ahead": 4, "stream_cache_bytes": "1MiB"},
+        **{"plan_freeze_steps": 8, "plan_refresh_seconds": 2},
         "tls": {"cert_file": "c.pem", "key_file": "k.pem", "client_ca_file": "ca.pem"},
         "auth": {"tokens_file": "t", "tokens_env": "TOK"},
         "limits": {
@@ -407,7 +408,9 @@ FULL = {
             "tokenizer": {"path": "t", "eos_id": 0, "bos_id": 5, "add_bos": True, "backend": "hf"},
             **{"seq_len": 1, "global_batch_size": 2, "batch_multiple_of": 2, "weights": {"d2": 2}},
             **{"text_field": "body", "chunk_bytes": "4MiB"},
-            "schedule": [{"start_step": 3, "weights": {"d1": 2.5}, "global_batch_size": 4}],
+            "schedule": [
+                {"start_step": 3, "weights": {"d1": 2.5}, "global_batch_size": 4, "seq_len": 2}
+            ],
         },
     },
 }

@@ -113,7 +113,9 @@ class PlanKeeper:
                 elif found.identity != identity(self.spec):
                     # Another run under this job's name: the old record is kept, and clients
                     # that read the old run are refused from step 0 on by the fingerprints.
-                    self.blobs.put(f"plans/{self.spec.name}.{found.identity}.json", found.to_bytes())
+                    self.blobs.put(
+                        f"plans/{self.spec.name}.{found.identity}.json", found.to_bytes()
+                    )
                     new = new_log(self.spec, self.origin)
                     self.note = (
                         f"the config defines another run than the log's (kept as "
@@ -224,4 +226,3 @@ class PlanKeeper:
                     f"({e}); nothing changed, retry",
                     retry_after=RETRY_AFTER_SECONDS,
                 ) from e
-

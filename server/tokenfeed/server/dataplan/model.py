@@ -141,9 +141,12 @@ def amend(
             raise RequestError(f"weight of dataset {n!r} must be a rational >= 0, got {w}")
     if sum(weights) <= 0:
         raise RequestError(
-            f"weights must have a positive sum, got {dict(zip(names, map(str, weights)))}"
+            f"weights must have a positive sum, got "
+            f"{dict(zip(names, map(str, weights), strict=True))}"
         )
-    batch = before.global_batch_size if change.global_batch_size is None else change.global_batch_size
+    batch = (
+        before.global_batch_size if change.global_batch_size is None else change.global_batch_size
+    )
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise RequestError(f"global_batch_size must be an integer >= 1, got {batch!r}")
     if batch % spec.batch_multiple_of:
@@ -310,5 +313,6 @@ def _dataset_json(d: DatasetSpec) -> dict[str, Any]:
 def _dataset_from(m: dict[str, Any]) -> DatasetSpec:
     fields = {f.name for f in dataclasses.fields(DatasetSpec)}
     sources = tuple(SourceSpec(**s) for s in m["sources"])
-    return DatasetSpec(**{k: v for k, v in m.items() if k in fields and k != "sources"},
-                       sources=sources)
+    return DatasetSpec(
+        **{k: v for k, v in m.items() if k in fields and k != "sources"}, sources=sources
+    )

@@ -77,6 +77,8 @@ class DatasetIndex:
         storage: ObjectStorage,
         shared: SharedStore | None = None,
         owner: ChunkOwner | None = None,
+        position: int | None = None,
+        seq_len: int | None = None,
     ):
         self.spec, self.dataset, self.store = spec, dataset, store
         self._tokenizer = tokenizer
@@ -84,8 +86,16 @@ class DatasetIndex:
         # In a serving worker (control.py): the owner of the cache plans and tokenizes; this
         # index only reads the manifests it commits, and asks it for evicted bodies.
         self.owner = owner
-        self.position = spec.datasets.index(dataset)  # in the job
-        self.name = spec.name if len(spec.datasets) == 1 else f"{spec.name}/{dataset.name}"
+        # Its place in the job: the config's datasets, then those its data plan adds.
+        self.position = spec.datasets.index(dataset) if position is None else position
+        self.name = (
+            spec.name
+            if len(spec.datasets) == 1 and self.position == 0
+            else f"{spec.name}/{dataset.name}"
+        )
+        # The sequence length of the phase that made the dataset known: its rows are cut
+        # with it until a phase changes it (sampling/planner.py's segments).
+        self.seq_len = spec.seq_len if seq_len is None else seq_len
         self.chunks: list[Chunk] = []
         self.keys = ChunkKeys([])
         self.num_docs = np.zeros(0, dtype=np.int64)
@@ -97,7 +107,7 @@ class DatasetIndex:
         # The dataset's stream (order.py): units per chunk (concat: tokens of the chunk's packed
         # stream; best_fit: its rows); row r is units [r*per_row, r*per_row + span).
         if spec.packing == "concat":
-            self.per_row, self.span = spec.seq_len, spec.seq_len + 1
+            self.per_row, self.span = self.seq_len, self.seq_len + 1
         else:
             self.per_row, self.span = 1, 1
         self.units_per_chunk = np.zeros(0, dtype=np.int64)
@@ -268,7 +278,14 @@ class DatasetIndex:
         """A new index of the same dataset over the same store, tokenizer and object storage
         (an offline build gives each of its threads its own)."""
         twin = DatasetIndex(
-            self.spec, self.dataset, self.store, self._tokenizer, self.storage, self.shared
+            self.spec,
+            self.dataset,
+            self.store,
+            self._tokenizer,
+            self.storage,
+            self.shared,
+            position=self.position,
+            seq_len=self.seq_len,
         )
         twin.keep_bodies = self.keep_bodies
         return twin
@@ -298,9 +315,7 @@ class DatasetIndex:
             )
         # best_fit needs every document's length, not just the totals: the body is opened
         entry, chunk = self.open_body(i)
-        return entry, bestfit.bestfit_rows(
-            chunk.doc_lengths, self.spec.seq_len, self.tokenizer.add_bos
-        )
+        return entry, bestfit.bestfit_rows(chunk.doc_lengths, self.seq_len, self.tokenizer.add_bos)
 
     def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]:
         """Runs in a worker thread: chunk i's tokens, rebuilt if evicted or corrupt."""
@@ -344,7 +359,7 @@ class DatasetIndex:
 
     def finish(self) -> None:
         """Every chunk is counted: READY (or SourceError if the corpus yields no row)."""
-        seq_len, total = self.spec.seq_len, int(self.units_per_chunk.sum())
+        seq_len, total = self.seq_len, int(self.units_per_chunk.sum())
         if total < self.span:
             raise SourceError(
                 f"job {self.name}: the corpus yields no row of seq_len {seq_len} "

@@ -26,8 +26,15 @@ def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
     for part in plan.parts:
         d, pc = part.dataset, job.planner.pieces(part)
         idx = job.indexes[d]
-        for slot, epoch in zip(part.slots.tolist(), part.epochs.tolist(), strict=True):
-            rows[slot] = {"row": slot, "dataset": idx.dataset.name, "epoch": epoch, "pieces": []}
+        cols = (part.slots.tolist(), part.epochs.tolist(), part.rows.tolist())
+        for slot, epoch, row in zip(*cols, strict=True):
+            rows[slot] = {
+                "row": slot,
+                "dataset": idx.dataset.name,
+                "epoch": epoch,
+                "dataset_row": row,
+                "pieces": [],
+            }
         for i in np.argsort(pc.row * (job.spec.seq_len + 1) + pc.at, kind="stable"):
             r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
             job.assembler.chunk(d, c)  # its body (and provenance) in the cache

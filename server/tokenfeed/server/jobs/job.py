@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 from tokenfeed.client import wire
+from tokenfeed.server.dataplan.keeper import PlanKeeper
+from tokenfeed.server.dataplan.model import DataPlan
 from tokenfeed.server.errors import (
     CacheTooSmallError,
     JobFailedError,
@@ -30,14 +32,15 @@ from tokenfeed.server.errors import (
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
 from tokenfeed.server.indexing.owner import ChunkOwner
+from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
 from tokenfeed.server.pack.assembly import Assembler
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.mixture import Phase, Schedule
+from tokenfeed.server.sampling.mixture import Schedule
 from tokenfeed.server.sampling.planner import MAX_STEP, Planner, RowPlan
-from tokenfeed.server.settings.config import JobSpec
+from tokenfeed.server.settings.config import DatasetSpec, JobSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenStore
@@ -68,18 +71,22 @@ class Job:
         shared: SharedStore | None = None,
         supervisor: Upstream | None = None,
         stream_cache_bytes: int = 512 * 2**20,
+        keeper: PlanKeeper | None = None,
     ):
         self.spec, self.name, self.store = spec, spec.name, store
-        self.storage = storage
+        self.storage, self.shared = storage, shared
         self.supervisor = supervisor  # in a serving worker: the process that owns the cache
+        # The data plan: the config's until the job's plan log is open (build_index), then the
+        # log's, and each version appended to it (jobplan.py, dataplan/).
+        self.plans = JobPlan(spec, keeper, self._plan_changed)
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
         # (DatasetIndex's annotation says the tokenizer is always there).
-        self.indexes = [
-            DatasetIndex(spec, d, store, None, storage, shared, supervisor) for d in spec.datasets
-        ]
-        phases = [Phase(p.start_step, p.global_batch_size, p.weights) for p in spec.phases]
-        self.schedule = Schedule(phases, spec.seed)
-        self.planner = Planner(spec, self.indexes, self.schedule)
+        self.indexes: list[DatasetIndex] = []
+        for d in self.plans.plan.datasets:
+            self.indexes.append(self._index(d))
+        self.planner = Planner(spec, self.indexes, self.plans.schedule)
+        self.planner.use(self.plans.schedule, self.plans.step_limit(MAX_STEP), self.plans.seq_len)
+        self._building: tuple[asyncio.AbstractEventLoop, Executor, int, bool] | None = None
         self.assembler = Assembler(
             spec, self.indexes, store, self.fail, stream_cache_bytes, self.planner.chunk_tail
         )
@@ -87,14 +94,14 @@ class Job:
         self._fingerprint = ""
         self.progress = Progress()
         self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
-        for idx in self.indexes:
-            idx.listeners.append(self._on_built)
         # The tokenizer may live in object storage: a fetch that fails is this job's problem
         # only (retried by build_index like any storage failure), a file that is not a
         # tokenizer fails the job; the server and its other jobs serve on.
         self.tokenizer: TextTokenizer | None = None
         self._tokenizer_error = ""
+        self._plan_error = ""
         self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
+        self._added_builds: set[asyncio.Future] = set()
         try:
             self.load_tokenizer()
         except LocalError as e:
@@ -102,6 +109,58 @@ class Job:
             log.warning("job %s: %s", self.name, self._tokenizer_error)
         except TokenfeedError as e:
             self.fail(f"tokenizer: {e}")
+
+    def _index(self, dataset: DatasetSpec) -> DatasetIndex:
+        """The index of one of the plan's datasets (the next one: they are added in order)."""
+        position = len(self.indexes)
+        first = next(
+            p for p in self.plans.plan.phases if len(p.weights) > position
+        )  # the phase that made the dataset known: its rows start in that phase's grid
+        idx = DatasetIndex(
+            self.spec,
+            dataset,
+            self.store,
+            getattr(self, "tokenizer", None),
+            self.storage,
+            self.shared,
+            self.supervisor,
+            position=position,
+            seq_len=first.seq_len,
+        )
+        idx.listeners.append(self._on_built)
+        return idx
+
+    def _plan_changed(self, old: DataPlan, new: DataPlan) -> None:
+        """A new version of the plan (from any thread): the datasets it adds get an index (and
+        a build, on the loop), the planner the new schedule. The plan only changed past its
+        horizon, so every step already servable plans the same."""
+        for dataset in new.datasets[len(self.indexes) :]:
+            idx = self._index(dataset)
+            self.indexes.append(idx)
+            if self._building is not None:
+                loop, executor, parallel, retry = self._building
+                loop.call_soon_threadsafe(self._build_added, idx, executor, parallel, retry)
+        self.planner.use(self.plans.schedule, self.plans.step_limit(MAX_STEP), self.plans.seq_len)
+
+    def _build_added(
+        self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool
+    ) -> None:
+        """On the loop: build a dataset the plan added while the job runs."""
+        log.info("job %s: dataset %s added by the plan; building its index", self.name, idx.name)
+        self._on_built()
+        task = asyncio.ensure_future(self._build_one(idx, executor, parallel, retry))
+        self._added_builds.add(task)
+        task.add_done_callback(self._added_builds.discard)
+
+    async def _build_one(
+        self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool
+    ) -> None:
+        await idx.build(executor, parallel, retry)
+        self._claim(parallel)
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.plans.schedule
 
     @property
     def index(self) -> DatasetIndex:
@@ -117,7 +176,7 @@ class Job:
 
     @property
     def error(self) -> str:
-        own = [e for e in (self._failure, self._tokenizer_error) if e]
+        own = [e for e in (self._failure, self._tokenizer_error, self._plan_error) if e]
         return "; ".join([i.error for i in self.indexes if i.error] + own)
 
     def load_tokenizer(self) -> TextTokenizer:
@@ -168,6 +227,31 @@ class Job:
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
+    def chain(self) -> list[tuple[int, str]]:
+        """(start step, fingerprint) of each phase of the plan in force (JobPlan.chain): known
+        once the tokenizer is loaded and every dataset's chunks are planned, empty until then."""
+        t = self.tokenizer
+        if t is None or not all(i.fingerprint for i in self.indexes):
+            return []
+        s = self.spec
+        base = [
+            f"format={CHUNK_FORMAT_VERSION}",
+            f"packing_version={packing.PACKING_VERSION}",
+            f"seed={s.seed}",
+            f"packing={s.packing}",
+            f"window={s.window_chunks}",
+            f"eos={t.eos_id}",
+            f"bos={t.bos_id}",
+            f"add_bos={t.add_bos}",
+        ]
+        return self.plans.chain(base, [i.fingerprint for i in self.indexes])
+
+    def plan_of(self, step: int) -> tuple[int, str]:
+        """(start step of the phase in force at `step`, the plan's fingerprint up to it)."""
+        chain = self.chain()
+        k = self.plans.phase_at(step)
+        return chain[k] if chain else (self.plans.plan.phases[k].start_step, "")
+
     async def _fetch_tokenizer(self, executor: Executor, retry: bool) -> bool:
         """Load the tokenizer, retrying fetch failures with backoff (1 s doubling to 60 s)
         until it loads, or the job fails (the file is not a tokenizer) or is cancelled."""
@@ -192,7 +276,38 @@ class Job:
         if not await self._fetch_tokenizer(executor, retry):
             self._ready.set()
             return
-        await asyncio.gather(*(i.build(executor, parallel, retry) for i in self.indexes))
+        if not await self._open_plan(executor, retry):
+            self._ready.set()
+            return
+        self._building = (asyncio.get_running_loop(), executor, parallel, retry)
+        await asyncio.gather(*(i.build(executor, parallel, retry) for i in list(self.indexes)))
+        self._claim(parallel)
+        self._ready.set()
+
+    async def _open_plan(self, executor: Executor, retry: bool) -> bool:
+        """Open the job's plan log (its datasets may be more than the config's), retrying a
+        log that cannot be reached while requests get UNAVAILABLE."""
+        pause = 1.0
+        while not self._failure:
+            try:
+                await self.plans.open(executor)
+                self._plan_error = ""
+                return True
+            except LocalError as e:
+                self._plan_error = f"data plan: {e}; retrying"
+                log.warning("job %s: %s in %.0fs", self.name, self._plan_error, pause)
+                if not retry:
+                    self.fail(self._plan_error)
+                    return False
+                self._on_built()
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 60.0)
+            except TokenfeedError as e:
+                self.fail(f"data plan: {e}")
+        return False
+
+    def _claim(self, parallel: int) -> None:
+        """Once every dataset is built: the job's claim on the cache (its working set)."""
         if all(i.state == READY for i in self.indexes):
             for idx in self.indexes:  # the job's claim covers its raw data too
                 self.store.cache.release(idx.raw_claim)
@@ -200,7 +315,6 @@ class Job:
                 self.store.cache.claim(self.name, self.working_set(parallel), f"job {self.name}")
             except CacheTooSmallError as e:
                 self.fail(str(e))
-        self._ready.set()
 
     async def servable(self) -> None:
         """Returns once step 0 can be served (its windows are built), or the build has ended."""

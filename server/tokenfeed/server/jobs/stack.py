@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenfeed.server.dataplan.keeper import PlanKeeper
 from tokenfeed.server.diskcache.cache import DiskCache
 from tokenfeed.server.diskcache.diskfiles import lock_directory
 from tokenfeed.server.errors import ConfigError, JobFailedError
@@ -27,6 +28,7 @@ from tokenfeed.server.jobs.job import Job, JobState, Upstream
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import Config
+from tokenfeed.server.store.blobs import LocalBlobs, S3Blobs
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenStore, TokenStoreView
 
@@ -61,6 +63,23 @@ def check_budget(config: Config) -> None:
                     )
 
 
+def plan_keepers(config: Config, storage: ObjectStorage) -> dict[str, PlanKeeper]:
+    """Each job's plan log: under the shared store's prefix for a fleet (every server reads and
+    writes the same log), else in the cache directory (every process of this server)."""
+    uri = config.store.uri
+    blobs: LocalBlobs | S3Blobs
+    if uri.startswith("s3://"):
+        blobs, where = S3Blobs(storage.s3(), uri), uri
+    elif uri:
+        blobs, where = LocalBlobs(uri), uri
+    else:
+        blobs, where = LocalBlobs(config.server.cache_dir), config.server.cache_dir
+    return {
+        spec.name: PlanKeeper(spec, blobs, where, config.origin, config.server.plan_freeze_steps)
+        for spec in config.jobs
+    }
+
+
 def open_server(config: Config) -> Stack:
     """The stack of the process that owns the cache directory (this process's alone while it
     lives: its rescan removes partial writes)."""
@@ -69,9 +88,15 @@ def open_server(config: Config) -> Stack:
     storage = ObjectStorage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
+    keepers = plan_keepers(config, storage)
     jobs = {
         spec.name: Job(
-            spec, store, storage, shared, stream_cache_bytes=config.server.stream_cache_bytes
+            spec,
+            store,
+            storage,
+            shared,
+            stream_cache_bytes=config.server.stream_cache_bytes,
+            keeper=keepers[spec.name],
         )
         for spec in config.jobs
     }
@@ -85,8 +110,17 @@ def open_worker(config: Config, upstream: Upstream) -> Stack:
     only: no block cache here."""
     store = TokenStoreView(config.server.cache_dir)
     storage = ObjectStorage(config.object_store)
+    keepers = plan_keepers(config, storage)
     jobs = {
-        spec.name: Job(spec, store, storage, None, upstream, config.server.stream_cache_bytes)
+        spec.name: Job(
+            spec,
+            store,
+            storage,
+            None,
+            upstream,
+            config.server.stream_cache_bytes,
+            keepers[spec.name],
+        )
         for spec in config.jobs
     }
     return Stack(config, storage, store, None, jobs)

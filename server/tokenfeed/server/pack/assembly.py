@@ -143,12 +143,12 @@ class Assembler:
             )
         ids, starts, splits = packing.assemble_rows(
             plan.rows,
-            self.spec.seq_len,
+            plan.seq_len,
             [(p.dataset, p.slots, p.starts) for p in plan.parts],
             self.row_buffer,
             self.wire_dtype,
         )
-        pdtype = wire.position_dtype(self.spec.seq_len)
+        pdtype = wire.position_dtype(plan.seq_len)
         return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
 
     def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:

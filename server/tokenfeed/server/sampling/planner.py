@@ -66,12 +66,14 @@ class RowPlanPart:
     epochs: np.ndarray
     units: np.ndarray
     starts: order.RowStarts
+    rows: np.ndarray  # each row's number in its dataset's own sequence (across phases)
 
 
 @dataclass(frozen=True)
 class RowPlan:
     rows: int  # rows of the rank's batch (of all its steps' batches)
     parts: list[RowPlanPart]
+    seq_len: int  # of every row: a plan's steps are of one phase
 
     @cached_property
     def buffers(self) -> frozenset[tuple[int, int, int, int]]:
@@ -95,13 +97,15 @@ class Planner:
         self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
         self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))
         self._tails: LRU[tuple[int, int, int, int], tuple[int, ...]] = LRU(4096)
-
-    @property
-    def step_limit(self) -> int:
-        """The first step past the servable ones: every row's stream units stay below
-        MAX_STEP (int64 arithmetic never overflows), about 5e11 steps of [1024, 8192]."""
         rows = max(p.global_batch_size for p in self.spec.phases)
-        return MAX_STEP // (rows * max(self.spec.seq_len, 1))
+        self.step_limit = MAX_STEP // (rows * max(self.spec.seq_len, 1))
+        self.seq_len: Callable[[int], int] = lambda step: spec.seq_len
+
+    def use(self, schedule: Schedule, step_limit: int, seq_len: Callable[[int], int]) -> None:
+        """A new version of the job's plan: its schedule, the first step past the servable
+        ones (every row's stream units stay below MAX_STEP, so int64 arithmetic never
+        overflows: about 5e11 steps of [1024, 8192]), and the sequence length of a step."""
+        self.schedule, self.step_limit, self.seq_len = schedule, step_limit, seq_len
 
     def check_request(self, step: int, rank: int, world_size: int) -> None:
         limit = self.step_limit
@@ -138,8 +142,8 @@ class Planner:
             # The first step that needs a row not built yet is the one that waits.
             epochs, units = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
             starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
-            parts.append(RowPlanPart(d, mine, epochs, units, starts))
-        return RowPlan(per_rank * len(steps), parts)
+            parts.append(RowPlanPart(d, mine, epochs, units, starts, rows))
+        return RowPlan(per_rank * len(steps), parts, self.seq_len(steps[0]))
 
     @staticmethod
     def split(plan: RowPlan, steps: int, per: int) -> list[RowPlan]:
@@ -163,9 +167,10 @@ class Planner:
                         p.epochs[a:b],
                         p.units[a:b],
                         order.RowStarts(s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]),
+                        p.rows[a:b],
                     )
                 )
-            out.append(RowPlan(hi - lo, parts))
+            out.append(RowPlan(hi - lo, parts, plan.seq_len))
         return out
 
     def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:

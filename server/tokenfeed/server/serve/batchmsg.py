@@ -38,6 +38,7 @@ def batch_message(
     is appended to the serialized other fields as field 13 (a message's fields may come in any
     order), so its bytes are copied once, straight from the assembled array (bench/, wire)."""
     fields = wire.encode(compact, with_tokens=False)
+    phase_start, plan_fingerprint = job.plan_of(step)
     head = pb.Batch(
         job=job.name,
         step=step,
@@ -45,6 +46,9 @@ def batch_message(
         world_size=world_size,
         epoch=epoch,
         job_fingerprint=job.fingerprint,
+        plan_phase_start=phase_start,
+        plan_fingerprint=plan_fingerprint,
+        plan_version=job.plans.version,
         **fields,
     ).SerializeToString()
     tokens = np.ascontiguousarray(compact.tokens)

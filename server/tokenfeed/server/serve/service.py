@@ -16,6 +16,7 @@ from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.sampling.planner import RowPlan
 from tokenfeed.server.serve.batchmsg import batch_message, serialized
 from tokenfeed.server.serve.describe import job_info, num_sources
+from tokenfeed.server.serve.planmsg import amendment, plan_info
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
 from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -68,6 +69,12 @@ def register(servicer: TokenFeedServicer, server: grpc.aio.Server) -> None:
         ),
         "Explain": unary(
             servicer.Explain, parse_request(pb.GetBatchRequest), pb.Explanation.SerializeToString
+        ),
+        "GetPlan": unary(
+            servicer.GetPlan, parse_request(pb.GetPlanRequest), pb.PlanInfo.SerializeToString
+        ),
+        "AmendPlan": unary(
+            servicer.AmendPlan, parse_request(pb.AmendPlanRequest), pb.PlanInfo.SerializeToString
         ),
     }
     name = pb.DESCRIPTOR.services_by_name["TokenFeed"].full_name
@@ -127,20 +134,23 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         # Answer before the client's deadline does, so it hears UNAVAILABLE and why.
         return max(0.0, min(self.max_wait, remaining - min(0.5, remaining / 10)))
 
-    def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
+    async def _checked_job(self, name: str, step: int, rank: int, world_size: int) -> Job:
         job = self._job(name)
         # Requests carry 64-bit integers: refuse what no batch could mean, never cut it.
         if not 1 <= world_size < 2**31:
             raise errors.RequestError(f"world_size must be in [1, 2**31), got {world_size}")
         if not 0 <= rank < world_size:
             raise errors.RequestError(f"rank must be in [0, {world_size}), got {rank}")
+        if 0 <= step < job.step_limit:  # the final plan for the step first: it may batch it
+            await job.plans.through(step, self.io)  # otherwise than this server's copy did
         job.check_request(step, rank, world_size)
         return job
 
     async def _plan(
         self, job: Job, steps: list[int], rank: int, world_size: int, context
     ) -> RowPlan:
-        """The plan of several steps of one rank (of the same batch size)."""
+        """The plan of several steps of one rank (of one phase of the data plan)."""
+        await job.plans.through(steps[-1], self.io)  # never planned from a plan not final
         return await job.plan_when_built(steps, rank, world_size, self._wait(context))
 
     async def _built(self, job: Job, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
@@ -183,7 +193,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     @_unary
     async def GetBatch(self, request: pb.GetBatchRequest, context) -> bytes:
         ws = request.world_size or 1
-        job = self._checked_job(request.job, request.step, request.rank, ws)
+        job = await self._checked_job(request.job, request.step, request.rank, ws)
         plan = await self._plan(job, [request.step], request.rank, ws, context)
         [message] = await self._batches(job, plan, [request.step], request.rank, ws)
         return message
@@ -192,7 +202,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         try:
             well_formed(request)
             ws = request.world_size or 1
-            job = self._checked_job(request.job, request.start_step, request.rank, ws)
+            job = await self._checked_job(request.job, request.start_step, request.rank, ws)
             end = request.end_step or job.step_limit
             if end <= request.start_step:
                 raise errors.RequestError(
@@ -220,21 +230,23 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         awaits: other streams wait at most one large batch's work (measured faster than
         threads, whose GIL contention with the loop cost more than the overlap gained)."""
         ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
-        seq_len = job.spec.seq_len
         seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
+        plans = job.plans
 
         async def produce() -> None:
             try:
                 first = start
                 while first < end:
-                    # A plan never crosses a change of batch size (a new phase), and while
-                    # the job builds each step goes as soon as its own rows are built.
-                    size = job.schedule.batch_size(first)
+                    # The plan final through the steps this pass may take first: then a plan
+                    # never crosses a phase of the data plan (another batch size or seq_len),
+                    # and while the job builds each step goes as soon as its own rows are.
+                    await plans.through(min(first + PLAN_STEPS, end) - 1, self.io)
+                    size, seq_len = job.schedule.batch_size(first), plans.seq_len(first)
                     steps, most = [first], plan_group(size // world_size)
                     if job.state != READY:
                         most = 1
                     while len(steps) < most and steps[-1] + 1 < end:
-                        if job.schedule.batch_size(steps[-1] + 1) != size:
+                        if not plans.same_phase(first, steps[-1] + 1):
                             break
                         steps.append(steps[-1] + 1)
                     first = steps[-1] + 1
@@ -265,7 +277,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     @_unary
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:
         ws = request.world_size or 1
-        job = self._checked_job(request.job, request.step, request.rank, ws)
+        job = await self._checked_job(request.job, request.step, request.rank, ws)
         plan = await self._plan(job, [request.step], request.rank, ws, context)
         [(_, compact)] = await self._built(job, plan, 1)
         loop = asyncio.get_running_loop()
@@ -281,6 +293,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     row=r["row"],
                     dataset=r["dataset"],
                     epoch=r["epoch"],
+                    dataset_row=r["dataset_row"],
                     pieces=[
                         pb.Piece(
                             source=src,
@@ -299,7 +312,38 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
 
     @_unary
     async def DescribeJob(self, request: pb.DescribeJobRequest, context) -> pb.JobInfo:
-        return self._info(self._job(request.job))
+        job = self._job(request.job)
+        self._check_step(job, request.step)
+        info = pb.JobInfo()
+        info.CopyFrom(self._info(job))  # the cached part, and the plan as it is now
+        info.plan.CopyFrom(plan_info(job, request.step))
+        return info
+
+    @_unary
+    async def GetPlan(self, request: pb.GetPlanRequest, context) -> pb.PlanInfo:
+        job = self._job(request.job)
+        self._check_step(job, request.step)
+        return plan_info(job, request.step)
+
+    @_unary
+    async def AmendPlan(self, request: pb.AmendPlanRequest, context) -> pb.PlanInfo:
+        """Append a phase (admin scope: auth.py); the keeper writes the log conditionally."""
+        job = self._job(request.job)
+        keeper = job.plans.keeper
+        if keeper is None:
+            raise errors.JobFailedError(f"job {job.name} has no plan log on this server")
+        change = amendment(request)
+        who = context.peer() or "a client"
+        loop = asyncio.get_running_loop()
+        _, replaced = await loop.run_in_executor(
+            self.io, keeper.append, change, who, request.expected_version
+        )
+        return plan_info(job, 0, replaced)
+
+    @staticmethod
+    def _check_step(job: Job, step: int) -> None:
+        if not 0 <= step < job.step_limit:
+            raise errors.RequestError(f"step must be in [0, {job.step_limit}), got {step}")
 
     @_unary
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:

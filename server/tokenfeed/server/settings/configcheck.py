@@ -112,6 +112,21 @@ class OptionalText:
 
 
 @dataclass(frozen=True)
+class OptionalInteger:
+    """An integer >= `minimum`, or None (the option is not given: what it falls back to says
+    its doc)."""
+
+    minimum: int = 1
+
+    @property
+    def accepts(self) -> str:
+        return f"integer >= {self.minimum}"
+
+    def __call__(self, name: str, value: Any) -> int | None:
+        return None if value is None else Integer(minimum=self.minimum)(name, value)
+
+
+@dataclass(frozen=True)
 class TokenId:
     accepts: str = "token id >= 0"
 

@@ -14,7 +14,15 @@ from fractions import Fraction
 from typing import Any
 
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.settings.configcheck import Instance, Integer, Rule, Text, Tuple, fail
+from tokenfeed.server.settings.configcheck import (
+    Instance,
+    Integer,
+    OptionalInteger,
+    Rule,
+    Text,
+    Tuple,
+    fail,
+)
 from tokenfeed.server.settings.options import Form, Nested, option, validate
 from tokenfeed.server.settings.sourcespec import DatasetSpec, TokenizerSpec
 
@@ -77,6 +85,17 @@ class PhaseSpec:
             doc="exact weights of the datasets by name; those not named keep theirs; a phase's "
             "weights must have a positive sum",
         )
+    )
+    seq_len: int | None = field(
+        default=None,
+        metadata=option(
+            OptionalInteger(minimum=1),
+            shown="the phase before's (the job's `seq_len` for the first)",
+            doc="a context-extension phase: tokens per row from this phase on (concat packing "
+            "only); each dataset's stream continues where the phase before left it "
+            "([data plan](data-plan.md#a-phase-that-changes-seq_len))",
+            why="None: the sequence length does not change",
+        ),
     )
 
     def __post_init__(self) -> None:

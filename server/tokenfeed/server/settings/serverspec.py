@@ -107,6 +107,29 @@ class ServerSpec:
             "request; 0 turns prefetch off",
         ),
     )
+    plan_freeze_steps: int = field(
+        default=64,
+        metadata=option(
+            Integer(minimum=1),
+            doc="a server freezes each job's data plan this many steps past the furthest step it "
+            "serves (one conditional write of the plan log per this many steps); a plan change "
+            "must start after the frozen steps ([data plan](data-plan.md))",
+            why="64: one write per 64 steps costs nothing measurable, and a change made a "
+            "minute ahead of a run at one step per second takes effect",
+        ),
+    )
+    plan_refresh_seconds: float = field(
+        default=5.0,
+        metadata=option(
+            Number(minimum=0.0),
+            read=NUMBER,
+            doc="how often a server reads its jobs' plan logs for changes made elsewhere (for "
+            "its status and prefetch; it always reads the log before serving a step past the "
+            "frozen ones); 0 turns the reading off",
+            why="5 s: a change shows on every server's status within seconds, at one small "
+            "GET per job and interval",
+        ),
+    )
     tokenize_threads: int = field(
         default=2,
         metadata=option(
