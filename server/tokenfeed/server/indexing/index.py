@@ -189,7 +189,14 @@ class DatasetIndex:
     async def _build_once(self, executor: Executor, parallel: int) -> None:
         loop = asyncio.get_running_loop()
         if not self.chunks and self.owner is not None:  # planned once, by the owner
-            planned = await loop.run_in_executor(executor, self.owner.chunks, self.spec.name)
+            planned = await loop.run_in_executor(
+                executor, self.owner.chunks, self.spec.name, 5.0, self.position + 1
+            )
+            if len(planned) <= self.position:
+                raise LocalError(
+                    f"the process that owns the cache does not know dataset "
+                    f"{self.dataset.name} yet (its data plan is older)"
+                )
             self.adopt(planned[self.position])
         elif not self.chunks:
             await loop.run_in_executor(executor, self.plan)

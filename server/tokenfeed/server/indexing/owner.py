@@ -11,8 +11,9 @@ from tokenfeed.server.source.chunks import Chunk
 
 
 class ChunkOwner(Protocol):
-    def chunks(self, job: str, timeout: float = 5.0) -> list[list[Chunk]]:
-        """The planned chunk list of each of the job's datasets (blocking)."""
+    def chunks(self, job: str, timeout: float = 5.0, at_least: int = 0) -> list[list[Chunk]]:
+        """The planned chunk list of each of the job's datasets (blocking); `at_least`: the
+        datasets the asking process knows (its data plan may be newer than the owner's)."""
         ...
 
     def ensure(self, job: str, dataset: int, chunk: int) -> None:

@@ -35,11 +35,13 @@ def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
                 "dataset_row": row,
                 "pieces": [],
             }
-        for i in np.argsort(pc.row * (job.spec.seq_len + 1) + pc.at, kind="stable"):
+        for i in np.argsort(pc.row * (plan.seq_len + 1) + pc.at, kind="stable"):
             r, e, c = int(pc.row[i]), int(pc.epoch[i]), int(pc.chunk[i])
             job.assembler.chunk(d, c)  # its body (and provenance) in the cache
             provenance = job.store.provenance(idx.keys[c])
-            pieces = pieces_of(job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]))
+            pieces = pieces_of(
+                job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]), plan.seq_len
+            )
             for doc, ts, te, rs, re in pieces:
                 uri, where = locate_record(
                     idx.storage, idx.chunks[c], provenance, int(provenance.record_ids[doc])
@@ -49,13 +51,13 @@ def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
 
 
 def pieces_of(
-    job: Job, d: int, epoch: int, c: int, lo: int, hi: int, at: int
+    job: Job, d: int, epoch: int, c: int, lo: int, hi: int, at: int, seq_len: int
 ) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of the documents in a piece
     of chunk c (units [lo, hi) from row position `at`)."""
     s, bos = job.spec, int(job.assembler.loaded_tokenizer.add_bos)
     if s.packing != "best_fit":
-        return packing.concat_pieces(job.assembler.stream(d, epoch, c), lo, hi, at, s.seq_len)
+        return packing.concat_pieces(job.assembler.stream(d, epoch, c), lo, hi, at, seq_len)
     r = lo  # a best_fit unit is a whole row
     layout = job.assembler.bestfit_layout(d, c)
     lengths = job.assembler.chunk(d, c).doc_lengths
@@ -64,7 +66,7 @@ def pieces_of(
         doc, off = int(layout.doc[p]), int(layout.offset[p])
         start, length = int(layout.start[p]), int(layout.length[p])
         a, b = max(off, bos), min(off + length, bos + int(lengths[doc]))  # body slots
-        ra, rb = start + a - off, min(start + b - off, s.seq_len)  # inputs only
+        ra, rb = start + a - off, min(start + b - off, seq_len)  # inputs only
         if ra < rb:
             out.append((doc, a - bos, a - bos + rb - ra, ra, rb))
     return out

@@ -85,10 +85,16 @@ class Job:
         for d in self.plans.plan.datasets:
             self.indexes.append(self._index(d))
         self.planner = Planner(spec, self.indexes, self.plans.schedule)
-        self.planner.use(self.plans.schedule, self.plans.step_limit(MAX_STEP), self.plans.seq_len)
+        self._use_plan()
         self._building: tuple[asyncio.AbstractEventLoop, Executor, int, bool] | None = None
         self.assembler = Assembler(
-            spec, self.indexes, store, self.fail, stream_cache_bytes, self.planner.chunk_tail
+            spec,
+            self.indexes,
+            store,
+            self.fail,
+            stream_cache_bytes,
+            self.planner.chunk_tail,
+            self.planner.carry_block,
         )
         self._ready = asyncio.Event()
         self._fingerprint = ""
@@ -140,7 +146,16 @@ class Job:
             if self._building is not None:
                 loop, executor, parallel, retry = self._building
                 loop.call_soon_threadsafe(self._build_added, idx, executor, parallel, retry)
-        self.planner.use(self.plans.schedule, self.plans.step_limit(MAX_STEP), self.plans.seq_len)
+        self._use_plan()
+
+    def _use_plan(self) -> None:
+        plan = self.plans.plan
+        self.planner.use(
+            self.plans.schedule,
+            self.plans.step_limit(MAX_STEP),
+            self.plans.seq_len,
+            [(p.start_step, p.seq_len) for p in plan.phases],
+        )
 
     def _build_added(
         self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool

@@ -48,6 +48,7 @@ class JobPlan:
         self.version = 0  # 0: the config's plan, before the log is open
         self.schedule = schedule_of(self.plan, spec.seed)
         self._chains: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+        self._opened = asyncio.Event()
         if keeper is not None:
             keeper.listeners.append(self._adopt)
 
@@ -64,6 +65,11 @@ class JobPlan:
         """Load the log (blocking I/O, off the loop); nothing to do without one."""
         if self.keeper is not None:
             await asyncio.get_running_loop().run_in_executor(executor, self.keeper.open)
+        self._opened.set()
+
+    async def opened(self) -> None:
+        """Returns once the log is open (the job's build opens it first)."""
+        await self._opened.wait()
 
     async def through(self, step: int, executor: Executor) -> None:
         """Returns once this process holds the final plan for `step` (the log's horizon

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tokenfeed.client import wire
@@ -70,10 +70,14 @@ class Assembler:
         store: TokenStore,
         fail: Callable[[str], None],
         stream_cache_bytes: int,
-        tail: Callable[[int, int, int], order.Pieces],
+        tail: Callable[[int, int, int, int], order.Pieces],
+        carry: Callable[[int, int, int], tuple[order.Pieces, list[int]]],
     ):
         self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
-        self._tail = tail  # (dataset, epoch, position) -> what a row buffer holds past its chunk
+        # (dataset, epoch, position, segment) -> what a row buffer holds past its chunk
+        self._tail = tail
+        # (dataset, segment, block) -> the pieces of a segment's carry block, and its joins
+        self._carry = carry
         self.tokenizer: TextTokenizer | None = None  # set once the job's tokenizer is loaded
         # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
         # per (dataset, chunk).
@@ -82,7 +86,7 @@ class Assembler:
         self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
         # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
         # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
-        self.buffers: LRU[tuple[int, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
+        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
         self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
         store.cache.on_evict(self._forget)
 
@@ -101,7 +105,7 @@ class Assembler:
     def chunk_keys(self, plan: RowPlan) -> list[tuple[str, str]]:
         """The cache entries of the chunks a plan's rows start in, to pin while it is served
         (the chunks of a row buffer's tail are pinned while the buffer is made)."""
-        needed = {(d, c) for d, _, c, _ in plan.buffers}
+        needed = {(_dataset(key), c) for key, e, c, _ in plan.buffers if e >= 0}
         return [("chunk", self.indexes[d].keys[c]) for d, c in needed]
 
     def pinned(self, plan: RowPlan):
@@ -117,7 +121,11 @@ class Assembler:
                 if not self.buffers.contains(key[:3])
             ]
         else:
-            chunks = {(d, c) for d, _, c, _ in plan.buffers if not self.tokens.contains((d, c))}
+            chunks = {
+                (_dataset(key), c)
+                for key, _, c, _ in plan.buffers
+                if not self.tokens.contains((_dataset(key), c))
+            }
             missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
         if missing:
             loop = asyncio.get_running_loop()
@@ -144,7 +152,7 @@ class Assembler:
         ids, starts, splits = packing.assemble_rows(
             plan.rows,
             plan.seq_len,
-            [(p.dataset, p.slots, p.starts) for p in plan.parts],
+            [(p.key, p.slots, p.starts) for p in plan.parts],
             self.row_buffer,
             self.wire_dtype,
         )
@@ -239,12 +247,18 @@ class Assembler:
 
         return self._streams.get_or_make((d, epoch, c), make)
 
-    def row_buffer(self, d: int, epoch: int, c: int, position: int) -> packing.RowBuffer:
+    def row_buffer(
+        self, key: int | tuple[int, int], epoch: int, c: int, position: int
+    ) -> packing.RowBuffer:
         """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
-        concat stream and its tail, in the wire's dtype."""
+        concat stream and its tail, in the wire's dtype. `key` is the dataset, or (dataset,
+        segment) for a later segment's rows (another tail); epoch -1 names a carry block."""
+        if epoch < 0:
+            return self._carry_block(key, c)
+        d, segment = (key, 0) if isinstance(key, int) else key
 
         def make() -> packing.RowBuffer:
-            t, pc = self.loaded_tokenizer, self._tail(d, epoch, position)
+            t, pc = self.loaded_tokenizer, self._tail(d, epoch, position, segment)
             keys = [("chunk", self.indexes[d].keys[k]) for k in pc.chunk.tolist()]
             with self.store.cache.pinned(keys):
                 tail = [
@@ -266,7 +280,36 @@ class Assembler:
                 self.wire_dtype,
             )
 
-        return self.buffers.get_or_make((d, epoch, c), make)
+        return self.buffers.get_or_make((key, epoch, c), make)
+
+    def _carry_block(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
+        """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
+        verified chunks, one after another, a document segment starting at each join."""
+        if isinstance(key, int):
+            raise ValueError("a dataset's first segment has no carry")
+        d, segment = key
+
+        def make() -> packing.RowBuffer:
+            pc, joins = self._carry(d, segment, block)
+            keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
+            with self.store.cache.pinned(keys):
+                laid = [
+                    self._tail_piece(d, e, k, lo, hi)
+                    for e, k, lo, hi in zip(
+                        pc.epoch.tolist(),
+                        pc.chunk.tolist(),
+                        pc.lo.tolist(),
+                        pc.hi.tolist(),
+                        strict=True,
+                    )
+                ]
+            ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self.wire_dtype)
+            at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
+            found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
+            starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
+            return packing.RowBuffer(ids, starts.astype(np.int64))
+
+        return self.buffers.get_or_make((key, -1, block), make)
 
     def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
         """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
@@ -300,3 +343,8 @@ class Assembler:
             return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.loaded_tokenizer.add_bos)
 
         return self._layouts.get_or_make((d, c), make)
+
+
+def _dataset(key: int | tuple[int, int]) -> int:
+    """The dataset of a row buffer's key (the dataset, or (dataset, segment))."""
+    return key if isinstance(key, int) else key[0]

@@ -113,7 +113,9 @@ class EpochLayout:
     `chunk_order[p]` is the chunk at position p; `units_cum[p]` the units before position p
     (length n+1); windows are positions [w*W, (w+1)*W). `window_rows[w]` is the first
     dataset row whose start falls in window w (length windows+1): rows are the stretches
-    [r*q, r*q + span) of the stream (rows.py), so a window's rows are a contiguous range.
+    [origin + r*q, origin + r*q + span) of the stream, so a window's rows are a contiguous
+    range. `origin` and `grid` are those of a dataset's later segment (segments.py: rows cut
+    with another seq_len from a phase on); 0 and "" for its first, whose rows start at 0.
     """
 
     seed: int
@@ -123,6 +125,14 @@ class EpochLayout:
     chunk_order: np.ndarray
     units_cum: np.ndarray
     window_rows: np.ndarray
+    origin: int = 0
+    grid: str = ""
+
+    def row_keys(self, w: int) -> tuple[int, ...]:
+        """The keys of window w's row permutation (a later segment's differ: its own rows)."""
+        if self.grid:
+            return round_keys("rows", self.seed, self.dataset, self.epoch, w, self.grid)
+        return round_keys("rows", self.seed, self.dataset, self.epoch, w)
 
     @property
     def units(self) -> int:
@@ -161,10 +171,13 @@ def epoch_layout(
     window_chunks: int,
     per_row: int,
     units_per_epoch: int | None = None,
+    origin: int = 0,
+    grid: str = "",
 ) -> EpochLayout:
     """The layout of `epoch`. `units_per_epoch` is the full epoch's size U (it places the
     epoch in the stream); while a dataset builds, units of chunks not built yet count 0 and
-    U is unknown, which only epoch 0 allows (it starts at unit 0)."""
+    U is unknown, which only epoch 0 allows (it starts at unit 0). Rows start at `origin` +
+    r * per_row (a later segment's rows: none starts before its origin)."""
     n = len(units_per_chunk)
     order = permute(np.arange(n), n, round_keys("chunks", seed, dataset, epoch))
     units_cum = np.zeros(n + 1, dtype=np.int64)
@@ -173,8 +186,10 @@ def epoch_layout(
         raise ValueError("an epoch past 0 needs the size of a whole epoch")
     base = epoch * (units_per_epoch or 0)
     bounds = np.append(np.arange(0, n, window_chunks), n)
-    window_rows = -(-(base + units_cum[bounds]) // per_row)
-    return EpochLayout(seed, dataset, epoch, window_chunks, order, units_cum, window_rows)
+    window_rows = np.maximum(-(-(base + units_cum[bounds] - origin) // per_row), 0)
+    return EpochLayout(
+        seed, dataset, epoch, window_chunks, order, units_cum, window_rows, origin, grid
+    )
 
 
 def window_order(layout: EpochLayout, w: int) -> np.ndarray:
@@ -182,8 +197,7 @@ def window_order(layout: EpochLayout, w: int) -> np.ndarray:
     size = int(layout.window_rows[w + 1] - layout.window_rows[w])
     if size == 0:  # no row starts in the window (its units lie inside a neighbour's rows)
         return np.zeros(0, dtype=np.int64)
-    keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, w)
-    return permute(np.arange(size), size, keys)
+    return permute(np.arange(size), size, layout.row_keys(w))
 
 
 def natural_rows(
@@ -206,8 +220,7 @@ def natural_rows(
             natural[sel] = base + window_perm(int(w))[rows[sel] - base]
             continue
         size = int(layout.window_rows[w + 1]) - base
-        keys = round_keys("rows", layout.seed, layout.dataset, layout.epoch, int(w))
-        natural[sel] = base + permute(rows[sel] - base, size, keys)
+        natural[sel] = base + permute(rows[sel] - base, size, layout.row_keys(int(w)))
     return natural
 
 
@@ -323,11 +336,11 @@ def chunk_tail(
     last row starting in the chunk at `position` reads past the chunk's end: what its row
     buffer holds after the chunk's own units, so that each row starting in it is one slice.
     Empty when no row starts in the chunk or its last row ends inside it."""
-    base = lay.epoch * units_per_epoch
+    base, origin = lay.epoch * units_per_epoch, lay.origin
     begin, end = base + int(lay.units_cum[position]), base + int(lay.units_cum[position + 1])
-    last = first_row(end, per_row) - 1  # the last row starting before the chunk's end
-    need = last * per_row + span - end
-    if last * per_row < begin or need <= 0:
+    last = first_row(end - origin, per_row) - 1  # the last row starting before the chunk's end
+    need = origin + last * per_row + span - end
+    if last < 0 or origin + last * per_row < begin or need <= 0:
         empty = np.zeros(0, dtype=np.int64)
         return Pieces(empty, empty, empty, empty, empty, empty)
     return locate_units(np.array([end], dtype=np.int64), need, units_per_epoch, layout)

@@ -6,6 +6,11 @@ another), the dataset it comes from, the epoch it starts in, and the chunk and u
 at (order.RowStarts): a served row is one slice of that chunk's row buffer, which holds the
 units its last row reads past the chunk's end (order.chunk_tail). Planning is O(rows of the
 batch · log chunks), whatever the corpus size.
+
+A phase that changes the sequence length starts a new segment of each dataset's rows
+(segments.py): its rows are located in that segment's grid, and the rows it reads first from
+the last window of the segment before (its carry) are planned as carry rows, each one slice of
+a carry block (a laid-out run of the carry's stretches) instead of a chunk's row buffer.
 """
 
 from __future__ import annotations
@@ -13,18 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import NotBuiltError, RequestError
 from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling.segments import Segment, first_segment, next_segment
 
 if TYPE_CHECKING:
     from tokenfeed.server.sampling.mixture import Schedule
     from tokenfeed.server.settings.config import JobSpec
 
 MAX_STEP = 2**62
+# Carry rows laid out together (one carry block): a block holds about this many units.
+CARRY_BLOCK_UNITS = 2**20
 
 
 class _Named(Protocol):
@@ -67,6 +75,15 @@ class RowPlanPart:
     units: np.ndarray
     starts: order.RowStarts
     rows: np.ndarray  # each row's number in its dataset's own sequence (across phases)
+    segment: int = 0  # of the dataset's rows (segments.py)
+    # Carry rows: `units` are positions in the segment's own sequence, `starts` name carry
+    # blocks (epoch -1, chunk: the block, lo: the row's offset in it).
+    carry: bool = False
+
+    @property
+    def key(self) -> int | tuple[int, int]:
+        """What a row buffer belongs to: the dataset, or (dataset, segment) past the first."""
+        return self.dataset if self.segment == 0 else (self.dataset, self.segment)
 
 
 @dataclass(frozen=True)
@@ -76,13 +93,13 @@ class RowPlan:
     seq_len: int  # of every row: a plan's steps are of one phase
 
     @cached_property
-    def buffers(self) -> frozenset[tuple[int, int, int, int]]:
-        """(dataset, epoch, chunk, position) of each chunk a row starts in: the row buffers
-        the plan reads."""
-        out: set[tuple[int, int, int, int]] = set()
+    def buffers(self) -> frozenset[tuple[Any, int, int, int]]:
+        """(dataset key, epoch, chunk, position) of each chunk a row starts in: the row buffers
+        the plan reads (carry rows: epoch -1, their carry block, position -1)."""
+        out: set[tuple[Any, int, int, int]] = set()
         for p in self.parts:
             # A few dozen rows: a set of tuples costs less than the numpy calls of a unique.
-            s, d = p.starts, p.dataset
+            s, d = p.starts, p.key
             cols = (s.epoch.tolist(), s.chunk.tolist(), s.position.tolist())
             out.update((d, e, c, q) for e, c, q in zip(*cols, strict=True))
         return frozenset(out)
@@ -94,18 +111,30 @@ class Planner:
 
     def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
-        self._layouts: LRU[tuple[int, int, int], order.EpochLayout] = LRU(4 * len(indexes))
-        self._windows: LRU[tuple[int, int, int], np.ndarray] = LRU(16 * len(indexes))
-        self._tails: LRU[tuple[int, int, int, int], tuple[int, ...]] = LRU(4096)
+        self._layouts: LRU[tuple[Any, ...], order.EpochLayout] = LRU(4 * len(indexes))
+        self._windows: LRU[tuple[Any, ...], np.ndarray] = LRU(16 * len(indexes))
+        self._tails: LRU[tuple[int, int, int, int, int], tuple[int, ...]] = LRU(4096)
         rows = max(p.global_batch_size for p in self.spec.phases)
         self.step_limit = MAX_STEP // (rows * max(self.spec.seq_len, 1))
         self.seq_len: Callable[[int], int] = lambda step: spec.seq_len
+        # (start step, seq_len) of each phase: where a dataset's segments begin.
+        self.phases: list[tuple[int, int]] = [(0, spec.seq_len)]
+        self._segments: dict[int, tuple[object, int, list[Segment]]] = {}
 
-    def use(self, schedule: Schedule, step_limit: int, seq_len: Callable[[int], int]) -> None:
+    def use(
+        self,
+        schedule: Schedule,
+        step_limit: int,
+        seq_len: Callable[[int], int],
+        phases: list[tuple[int, int]] | None = None,
+    ) -> None:
         """A new version of the job's plan: its schedule, the first step past the servable
         ones (every row's stream units stay below MAX_STEP, so int64 arithmetic never
-        overflows: about 5e11 steps of [1024, 8192]), and the sequence length of a step."""
+        overflows: about 5e11 steps of [1024, 8192]), the sequence length of a step, and
+        the (start step, seq_len) of each phase."""
         self.schedule, self.step_limit, self.seq_len = schedule, step_limit, seq_len
+        if phases is not None:
+            self.phases = phases
 
     def check_request(self, step: int, rank: int, world_size: int) -> None:
         limit = self.step_limit
@@ -140,10 +169,119 @@ class Planner:
             mine = np.nonzero(datasets == d)[0]
             rows = dataset_rows[mine]
             # The first step that needs a row not built yet is the one that waits.
-            epochs, units = self.locate(d, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
-            starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
-            parts.append(RowPlanPart(d, mine, epochs, units, starts, rows))
+            parts += self._parts(d, mine, rows, steps[int(mine[np.argmax(rows)]) // per_rank])
         return RowPlan(per_rank * len(steps), parts, self.seq_len(steps[0]))
+
+    def _parts(self, d: int, slots: np.ndarray, rows: np.ndarray, step: int) -> list[RowPlanPart]:
+        """The parts of a plan holding rows `rows` of dataset d (all of one phase, so of one
+        segment) at places `slots`: its own rows, and its carry rows if it has any."""
+        seg = self.segment_of(d, rows, step)
+        if seg.index == 0:
+            epochs, units = self.locate(d, rows, step)
+            starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
+            return [RowPlanPart(d, slots, epochs, units, starts, rows)]
+        idx, L, k = self.indexes[d], seg.seq_len, seg.index
+        local = rows - seg.first_row
+        carry = local < seg.carry_rows
+        parts = []
+        if carry.any():
+            j = local[carry]
+            block_rows = max(1, CARRY_BLOCK_UNITS // L)
+            block, within = np.divmod(j, block_rows)
+            first = seg.virtual(0, 1)[0][0]  # the epoch of the carry's first unit
+            epochs = np.full(len(j), first // idx.units_per_epoch, dtype=np.int64)
+            minus = np.full(len(j), -1, dtype=np.int64)
+            starts = order.RowStarts(minus, minus, block, within * L)
+            parts.append(RowPlanPart(d, slots[carry], epochs, j * L, starts, rows[carry], k, True))
+        if (~carry).any():
+            own = local[~carry] - seg.carry_rows
+            epochs = (seg.origin + own * L) // idx.units_per_epoch
+            natural = np.empty_like(own)
+            for epoch in dict.fromkeys(epochs.tolist()):
+                sel = epochs == epoch
+                natural[sel] = order.natural_rows(
+                    self.layout(d, epoch, k), own[sel], partial(self.window_perm, d, epoch, k)
+                )
+            units = seg.origin + natural * L
+            lay = partial(self.layout, d, segment=k)
+            starts = order.locate_starts(units, idx.units_per_epoch, lay)
+            parts.append(RowPlanPart(d, slots[~carry], epochs, units, starts, rows[~carry], k))
+        return parts
+
+    # ---------------------------------------------------------------- segments
+
+    def segments(self, d: int) -> list[Segment]:
+        """Dataset d's segments under the current schedule: a new one at each phase that
+        changes the sequence length after the dataset is known. Past the first, they need the
+        whole index (their carries are computed from full epoch layouts): while it builds only
+        the first is known."""
+        schedule, idx = self.schedule, self.indexes[d]
+        cached = self._segments.get(d)
+        version = -1 if idx.ready else idx.rows_built
+        if cached is not None and cached[0] is schedule and cached[1] == version:
+            return cached[2]
+        segs = [first_segment(idx.per_row if self.spec.packing == "concat" else idx.span)]
+        if idx.ready:
+            for start, seq_len in self.phases:
+                if seq_len == segs[-1].seq_len or start == 0:
+                    continue
+                known = schedule.plan_at(start).known
+                if known <= d:
+                    continue
+                row = int(schedule.consumed(start)[d])
+                prev = segs[-1]
+                segs.append(
+                    next_segment(
+                        prev,
+                        row,
+                        seq_len,
+                        idx.units_per_epoch,
+                        partial(self.layout, d, segment=prev.index),
+                        partial(self._perm_of, d, prev.index),
+                    )
+                )
+        self._segments[d] = (schedule, version, segs)
+        return segs
+
+    def carry_block(self, d: int, segment: int, block: int) -> tuple[order.Pieces, list[int]]:
+        """The pieces of chunks that carry block `block` of a segment is made of (the carry
+        rows it holds, each row's units and the label after), in order, and the positions in
+        the block where a stretch of the carry joins the next (a document segment starts
+        there)."""
+        seg = self.segments(d)[segment]
+        L = seg.seq_len
+        per_block = max(1, CARRY_BLOCK_UNITS // L)
+        first = block * per_block
+        last = min(first + per_block, seg.carry_rows) - 1
+        lo, hi = first * L, last * L + L + 1
+        joins, at = [], 0
+        for a, b in seg.virtual(lo, hi):
+            if at:
+                joins.append(at)
+            at += b - a
+        pc = self.carry_pieces(d, seg, np.array([lo], dtype=np.int64), hi - lo)
+        return pc, joins
+
+    def _perm_of(self, d: int, segment: int, epoch: int, w: int) -> np.ndarray:
+        return self.window_perm(d, epoch, segment, w)
+
+    def segment_of(self, d: int, rows: np.ndarray, step: int) -> Segment:
+        """The segment of rows of one phase (NotBuiltError for a later segment while the
+        dataset's index builds)."""
+        segs = self.segments(d)
+        seg = segs[int(np.searchsorted([s.first_row for s in segs], rows[0], side="right")) - 1]
+        idx = self.indexes[d]
+        if not idx.ready and seg.index == 0 and len(self.phases) > 1:
+            later = [s for s, L in self.phases[1:] if L != seg.seq_len]
+            if later and step >= later[0]:
+                raise NotBuiltError(
+                    (
+                        f"step {step} of job {self.name} changes the sequence length: it needs "
+                        f"dataset {idx.dataset.name}'s whole index, still being built",
+                        5.0,
+                    )
+                )
+        return seg
 
     @staticmethod
     def split(plan: RowPlan, steps: int, per: int) -> list[RowPlan]:
@@ -193,7 +331,7 @@ class Planner:
             natural[sel] = order.natural_rows(
                 self.layout(d, epoch),
                 rows[sel],
-                partial(self.window_perm, d, epoch),
+                partial(self.window_perm, d, epoch, 0),
             )
         return epochs, natural * idx.per_row
 
@@ -201,7 +339,35 @@ class Planner:
         """The pieces of chunks a part's rows are made of (`row` indexes its slots), for
         provenance and accounting; serving reads the row buffers instead."""
         idx, d = self.indexes[part.dataset], part.dataset
-        return order.locate_units(part.units, idx.span, idx.units_per_epoch, self._lay(d))
+        if part.segment == 0:
+            return order.locate_units(part.units, idx.span, idx.units_per_epoch, self._lay(d))
+        seg = self.segments(d)[part.segment]
+        lay = partial(self.layout, d, segment=part.segment)
+        if not part.carry:
+            span = seg.seq_len + 1
+            return order.locate_units(part.units, span, idx.units_per_epoch, lay)
+        return self.carry_pieces(d, seg, part.units, seg.seq_len + 1)
+
+    def carry_pieces(self, d: int, seg: Segment, starts: np.ndarray, span: int) -> order.Pieces:
+        """The pieces of chunks that positions [starts[i], starts[i] + span) of a segment's
+        own sequence (its carry, then the stream) are made of; `row` indexes `starts`."""
+        idx = self.indexes[d]
+        lay = partial(self.layout, d, segment=seg.index)
+        cols: list[list[np.ndarray]] = [[] for _ in range(6)]
+        for i, v in enumerate(np.asarray(starts).tolist()):
+            at = 0
+            for a, b in seg.virtual(v, v + span):
+                pc = order.locate_units(np.array([a]), b - a, idx.units_per_epoch, lay)
+                for c, col in enumerate(
+                    (np.full(len(pc.row), i), pc.epoch, pc.chunk, pc.lo, pc.hi, pc.at + at)
+                ):
+                    cols[c].append(col)
+                at += b - a
+        if not cols[0]:
+            empty = np.zeros(0, dtype=np.int64)
+            return order.Pieces(empty, empty, empty, empty, empty, empty)
+        joined = [np.concatenate(c).astype(np.int64) for c in cols]
+        return order.Pieces(*joined)
 
     def chunks_read(self, plan: RowPlan) -> set[tuple[int, int, int]]:
         """The (dataset, epoch, chunk) stretches whose units a plan's rows read."""
@@ -213,17 +379,22 @@ class Planner:
             out.update((part.dataset, e, c) for e, c in both)
         return out
 
-    def chunk_tail(self, d: int, epoch: int, position: int) -> order.Pieces:
+    def chunk_tail(self, d: int, epoch: int, position: int, segment: int = 0) -> order.Pieces:
         """What the row buffer of the chunk at `position` of `epoch` holds past the chunk's
-        end (order.chunk_tail)."""
+        end (order.chunk_tail), in the grid of the dataset's `segment`."""
         idx = self.indexes[d]
+        if segment == 0:
+            per_row, span = idx.per_row, idx.span
+        else:
+            per_row = self.segments(d)[segment].seq_len
+            span = per_row + 1
         return order.chunk_tail(
-            self.layout(d, epoch),
+            self.layout(d, epoch, segment),
             position,
             idx.units_per_epoch,
-            idx.per_row,
-            idx.span,
-            self._lay(d),
+            per_row,
+            span,
+            partial(self.layout, d, segment=segment),
         )
 
     def chunks_of_steps(self, first: int, end: int) -> set[tuple[int, int]]:
@@ -236,32 +407,50 @@ class Planner:
                 rows.setdefault(d, []).append(dataset_rows[datasets == d])
         out: set[tuple[int, int]] = set()
         for d, found in rows.items():
-            idx = self.indexes[d]
-            _, units = self.locate(d, np.concatenate(found), first)
-            s = order.locate_starts(units, idx.units_per_epoch, self._lay(d))
-            # The chunks rows start in, and those their row buffers' tails read.
-            _, one = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)
-            cols = (s.epoch[one], s.position[one], s.chunk[one])
-            for e, p, c in zip(*(a.tolist() for a in cols), strict=True):
-                out.add((d, c))
-                out.update((d, k) for k in self.tail_chunks(d, e, p))
+            all_rows = np.concatenate(found)
+            # Rows of several phases: one segment at a time.
+            segs = self.segments(d)
+            which = np.searchsorted([s.first_row for s in segs], all_rows, side="right") - 1
+            for k in dict.fromkeys(which.tolist()):
+                mine = all_rows[which == k]
+                for part in self._parts(d, np.arange(len(mine)), mine, first):
+                    out.update(self._chunks_of_part(d, part))
         return out
 
-    def tail_chunks(self, d: int, epoch: int, position: int) -> tuple[int, ...]:
+    def _chunks_of_part(self, d: int, part: RowPlanPart) -> set[tuple[int, int]]:
+        """The (dataset, chunk) pairs a part's rows read: the chunks they start in and those
+        their row buffers' tails read (carry rows: every chunk of their stretches)."""
+        if part.carry:
+            return {(d, int(c)) for c in np.unique(self.pieces(part).chunk).tolist()}
+        s, out = part.starts, set()
+        _, one = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)
+        cols = (s.epoch[one], s.position[one], s.chunk[one])
+        for e, p, c in zip(*(a.tolist() for a in cols), strict=True):
+            out.add((d, c))
+            out.update((d, k) for k in self.tail_chunks(d, e, p, part.segment))
+        return out
+
+    def tail_chunks(self, d: int, epoch: int, position: int, segment: int = 0) -> tuple[int, ...]:
         """The chunks the tail of the row buffer of `position` in `epoch` reads (cached)."""
         version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
 
         def make() -> tuple[int, ...]:
-            return tuple(np.unique(self.chunk_tail(d, epoch, position).chunk).tolist())
+            return tuple(np.unique(self.chunk_tail(d, epoch, position, segment).chunk).tolist())
 
-        return self._tails.get_or_make((d, epoch, position, version), make)
+        return self._tails.get_or_make((d, epoch, position, version, segment), make)
 
-    def layout(self, d: int, epoch: int) -> order.EpochLayout:
-        """Epoch `epoch`'s layout. While the index builds, the layout of epoch 0 is exact over
-        its built windows (chunks not built yet count 0 rows, after them); it is keyed by how
-        many windows are built, so it is remade as the build advances."""
+    def layout(self, d: int, epoch: int, segment: int = 0) -> order.EpochLayout:
+        """Epoch `epoch`'s layout, in the grid of the dataset's `segment`. While the index
+        builds, the layout of epoch 0 is exact over its built windows (chunks not built yet
+        count 0 rows, after them); it is keyed by how many windows are built, so it is remade
+        as the build advances."""
         idx, s = self.indexes[d], self.spec
         version = -1 if idx.ready else idx.rows_built
+        if segment == 0:
+            per_row, origin, grid = idx.per_row, 0, ""
+        else:
+            seg = self.segments(d)[segment]
+            per_row, origin, grid = seg.seq_len, seg.origin, seg.grid
 
         def make() -> order.EpochLayout:
             return order.epoch_layout(
@@ -270,12 +459,16 @@ class Planner:
                 idx.dataset.name,
                 epoch,
                 s.window_chunks,
-                idx.per_row,
+                per_row,
                 idx.units_per_epoch or None,
+                origin,
+                grid,
             )
 
-        return self._layouts.get_or_make((d, epoch, version), make)
+        key = (d, epoch, version) if segment == 0 else (d, epoch, version, segment, grid)
+        return self._layouts.get_or_make(key, make)
 
-    def window_perm(self, d: int, epoch: int, w: int) -> np.ndarray:
-        layout = self.layout(d, epoch)
-        return self._windows.get_or_make((d, epoch, w), lambda: order.window_order(layout, w))
+    def window_perm(self, d: int, epoch: int, segment: int, w: int) -> np.ndarray:
+        layout = self.layout(d, epoch, segment)
+        key = (d, epoch, w) if segment == 0 else (d, epoch, w, segment, layout.grid)
+        return self._windows.get_or_make(key, lambda: order.window_order(layout, w))

@@ -7,7 +7,9 @@ balancers make without one. Server reflection needs a token like the TokenFeed A
 Tokens come from `server.auth.tokens_file` (re-read when its modification time, size or inode
 changes, looked at no more than once a second, so a rotated file takes effect without a
 restart) and `server.auth.tokens_env` (read once, at start). A line `token:job1,job2` limits a
-token to those jobs: its calls for any other job get PERMISSION_DENIED.
+token to those jobs: its calls for any other job get PERMISSION_DENIED. The scope `+admin`
+(`token:+admin`, or `token:job1,+admin`) lets a token change a job's data plan (AmendPlan);
+without it that call gets PERMISSION_DENIED.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, against every token each
 time: neither the content nor the length of a configured token shows in the time a refusal
@@ -36,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # Reachable without a token: the kubelet's gRPC probes and load balancers send none.
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+# Calls that change what is served: a token needs the admin scope for them.
+ADMIN_METHODS = frozenset({"/tokenfeed.v1.TokenFeed/AmendPlan"})
+ADMIN = "+admin"
 # A rotated file is seen within this long; a stat() per second costs nothing measurable.
 RELOAD_SECONDS = 1.0
 # Refusals are logged at most this often (with a count), so a misconfigured client cannot
@@ -101,6 +106,7 @@ def server_credentials(tls: TlsSpec, origin: str = "<config>") -> grpc.ServerCre
 class Token:
     digest: bytes  # SHA-256 of the token: only digests are kept and compared
     jobs: frozenset[str] | None = None  # None: every job
+    admin: bool = False  # may change a job's data plan
 
     def allows(self, job: str) -> bool:
         return self.jobs is None or job in self.jobs
@@ -125,14 +131,18 @@ def parse_tokens(text: str, where: str) -> list[Token]:
                 "characters without ':', ',' or '#', then optionally "
                 ":job1,job2"
             )
-        jobs = None
+        jobs, admin = None, False
         if sep:
-            names = [j.strip() for j in scope.split(",")]
+            items = [j.strip() for j in scope.split(",")]
+            admin = ADMIN in items
+            names = [j for j in items if j != ADMIN]
             bad = [j for j in names if not _JOB_RE.fullmatch(j)]
             if bad:
-                raise ConfigError(f"{where} line {n}: expected job names after ':', got {bad[0]!r}")
-            jobs = frozenset(names)
-        tokens.append(Token(digest(secret), jobs))
+                raise ConfigError(
+                    f"{where} line {n}: expected job names (or {ADMIN}) after ':', got {bad[0]!r}"
+                )
+            jobs = frozenset(names) if names else None
+        tokens.append(Token(digest(secret), jobs, admin))
     return tokens
 
 
@@ -274,6 +284,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if token is None:
             why = why or f"invalid bearer token: not one of this server's tokens; {HOW_TO}"
             return _rebuilt(handler, self._refuse(handler_call_details.method, why))
+        method = handler_call_details.method
+        if method in ADMIN_METHODS and not token.admin:
+            why = (
+                f"{method.rsplit('/', 1)[-1]} changes a job's data plan: it needs a token with "
+                f"the admin scope (a line `<token>:{ADMIN}` in server.auth.tokens_file)"
+            )
+            return _rebuilt(handler, _denied(why))
         if token.jobs is not None and (handler.unary_unary or handler.unary_stream):
             return _rebuilt(
                 handler, _scoped(handler.unary_unary or handler.unary_stream, token.jobs)
@@ -296,6 +313,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
         return refuse
+
+
+def _denied(why: str):
+    async def deny(request, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+    return deny
 
 
 def _scoped(behaviour, jobs: frozenset[str]):

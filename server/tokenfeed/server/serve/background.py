@@ -9,9 +9,10 @@ import asyncio
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
+from tokenfeed.server.errors import TokenfeedError
 from tokenfeed.server.indexing.index import JobState
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.prefetch import keep_ahead
@@ -31,10 +32,32 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
         asyncio.create_task(keep_ahead(job, tokenize, config.server.prefetch_steps))
         for job in jobs.values()
     ]
+    if config.server.plan_refresh_seconds:
+        tasks += [
+            asyncio.create_task(refresh_plan(job, tokenize, config.server.plan_refresh_seconds))
+            for job in jobs.values()
+        ]
     if jobs:
         tasks.append(asyncio.create_task(release_old_manifests(jobs)))
         tasks.append(asyncio.create_task(report_builds(jobs)))
     return tokenize, tasks
+
+
+async def refresh_plan(job: Job, executor: Executor, every: float) -> None:
+    """Read the job's plan log every `every` seconds, so this process learns of changes made
+    elsewhere (its status, prefetch and eviction follow the newest plan; serving never waits
+    for this: it reads the log itself before it serves a step past the frozen ones)."""
+    keeper = job.plans.keeper
+    if keeper is None:
+        return
+    await job.plans.opened()
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await loop.run_in_executor(executor, keeper.refresh)
+        except TokenfeedError as e:
+            log.debug("job %s: plan log not read now: %s", job.name, e)
 
 
 async def report_builds(jobs: dict[str, Job], every: float = PROGRESS_SECONDS) -> None:

@@ -123,9 +123,11 @@ class Supervised:
             return None
         raise ValueError(f"unknown control request {op!r}")
 
-    def _chunks(self, name: str, timeout: float):
+    def _chunks(self, name: str, timeout: float, at_least: int = 0):
         job = self.jobs[name]
         deadline = time.monotonic() + timeout
+        if len(job.indexes) < at_least and job.plans.keeper is not None:
+            job.plans.keeper.refresh()  # a worker's plan is newer: datasets were added
         while any(not idx.chunks for idx in job.indexes):
             if job.state == JobState.FAILED:
                 raise JobFailedError(job.error)
@@ -177,8 +179,8 @@ class SupervisorLink:
         _, kind, message = reply
         raise _PASSED_ON.get(kind, SupervisorUnavailable)(message)
 
-    def chunks(self, job: str, timeout: float = 5.0) -> list:
-        return self.call("chunks", job, timeout)
+    def chunks(self, job: str, timeout: float = 5.0, at_least: int = 0) -> list:
+        return self.call("chunks", job, timeout, at_least)
 
     def ensure(self, job: str, dataset: int, chunk: int) -> None:
         self.call("ensure", job, dataset, chunk)

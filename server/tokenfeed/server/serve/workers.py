@@ -36,7 +36,7 @@ from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
-from tokenfeed.server.serve.background import start_builds, write_ready
+from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.settings.config import Config
@@ -355,6 +355,9 @@ async def _worker(
                 pass
 
     tasks = [asyncio.create_task(job.build_index(io, 2)) for job in jobs.values()]
+    if config.server.plan_refresh_seconds:
+        seconds = config.server.plan_refresh_seconds
+        tasks += [asyncio.create_task(refresh_plan(j, io, seconds)) for j in jobs.values()]
     tasks += [
         asyncio.create_task(link.flush_forever(run)),
         asyncio.create_task(push_metrics()),
