@@ -1,0 +1,293 @@
+"""A running job's data plan changed live, on one server: a phase appended while a client streams
+(no restart) changes no step before it and makes every step from it what a server configured
+with that phase from the start serves; the plan log survives a restart and outranks an old
+config file; a context-extension phase serves every token once per epoch across the change; and
+bad changes are refused with the right status, changing nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from support import ServerProcess, batch_bytes, job_spec, write_config, write_jsonl
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+BATCH, SEQ_LEN = 10, 64
+AT = 60  # the appended phase's first step: past what the stream has frozen when it is made
+STEPS = 75
+
+
+def datasets(tmp: Path, texts: list[str]) -> dict:
+    parts = {"web": texts[:150], "code": texts[150:250], "books": texts[250:350]}
+    out = {}
+    for name, docs in parts.items():
+        root = tmp / name
+        if not root.exists():  # written once: a running server pins the files it listed
+            root.mkdir()
+            write_jsonl(root / "part.jsonl", docs)
+        out[name] = {"sources": [str(root / "*.jsonl")], "chunk_bytes": "8KiB"}
+    return out
+
+
+def mixture(tmp: Path, texts: list[str], **phases) -> dict:
+    ds = datasets(tmp, texts)
+    weights = {"web": "1/2", "code": "3/10", "books": "1/5"}
+    for name, w in weights.items():
+        ds[name]["weight"] = w
+    spec = job_spec([], seq_len=SEQ_LEN, global_batch_size=BATCH, **phases)
+    del spec["sources"]
+    spec["datasets"] = ds
+    return spec
+
+
+def serve(tmp: Path, name: str, spec: dict, token: str = "", **server) -> ServerProcess:
+    server.setdefault("plan_freeze_steps", 4)
+    cfg = write_config(tmp / f"{name}.yaml", {"main": spec}, tmp / f"cache-{name}", **server)
+    proc = ServerProcess(cfg, tmp / f"{name}.log")
+    if token:
+        with proc.client("main", token=token) as c:
+            deadline = time.monotonic() + 120
+            while c.describe()["state"] == "JOB_STATE_INDEXING" and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return proc
+    assert proc.wait_ready("main", timeout=120)["state"] == "JOB_STATE_READY", proc.log()
+    return proc
+
+
+def stub(proc: ServerProcess, token: str | None = None):
+    channel = grpc.insecure_channel(proc.address)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    return channel, pb_grpc.TokenFeedStub(channel), metadata
+
+
+def amend(proc: ServerProcess, token: str | None = None, **fields) -> pb.PlanInfo:
+    weights = fields.pop("weights", {})
+    request = pb.AmendPlanRequest(
+        job="main",
+        weights=[pb.DatasetWeight(dataset=k, weight=v) for k, v in weights.items()],
+        **fields,
+    )
+    channel, s, metadata = stub(proc, token)
+    with channel:
+        return s.AmendPlan(request, timeout=30, metadata=metadata)
+
+
+def plan(proc: ServerProcess, step: int = 0) -> pb.PlanInfo:
+    channel, s, _ = stub(proc)
+    with channel:
+        return s.GetPlan(pb.GetPlanRequest(job="main", step=step), timeout=30)
+
+
+def datasets_of(proc: ServerProcess, step: int) -> Counter:
+    with proc.client("main") as c:
+        return Counter(r["dataset"] for r in c.explain(step)["rows"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, texts):
+    """A live server whose plan is amended at step AT while a client streams, and a server
+    configured with that phase from the start (the reference)."""
+    tmp = tmp_path_factory.mktemp("plan")
+    new = {"web": "1/10", "code": "1/10", "books": "4/5"}
+    live = serve(tmp, "live", mixture(tmp, texts))
+    ref_spec = mixture(tmp, texts, schedule=[{"start_step": AT, "weights": new}])
+    ref = serve(tmp, "ref", ref_spec)
+    try:
+        with live.client("main") as c:
+            before = {s: batch_bytes(c.get_batch(s)) for s in range(20)}
+        streamed: dict[int, dict[str, bytes]] = {}
+        reached = threading.Event()
+        amended = threading.Event()
+
+        def trainer() -> None:
+            with live.client("main") as c:
+                for b in c.iter_batches(0, STEPS, prefetch=1):
+                    streamed[b.step] = batch_bytes(b)
+                    if b.step == 10:
+                        reached.set()
+                        amended.wait(60)
+
+        thread = threading.Thread(target=trainer)
+        thread.start()
+        assert reached.wait(60)
+        info = amend(live, start_step=AT, weights=new)
+        amended.set()
+        thread.join(120)
+        channel, s, _ = stub(live)
+        with channel:
+            got = {
+                step: s.GetBatch(pb.GetBatchRequest(job="main", step=step)) for step in range(STEPS)
+            }
+        plan_fields = {k: (m.plan_phase_start, m.plan_fingerprint) for k, m in got.items()}
+        with ref.client("main") as c:
+            reference = {s: batch_bytes(c.get_batch(s)) for s in range(STEPS)}
+        yield live, ref, info, before, streamed, plan_fields, reference
+    finally:
+        live.stop()
+        ref.stop()
+
+
+def test_a_phase_appended_while_streaming_changes_no_earlier_step(runs):
+    live, _, info, before, streamed, _, reference = runs
+    assert info.version == 2
+    assert [p.start_step for p in info.phases] == [0, AT]
+    assert sorted(streamed) == list(range(STEPS))
+    for step in range(AT):
+        assert streamed[step] == reference[step], step
+        if step in before:
+            assert streamed[step] == before[step], step
+
+
+def test_steps_from_the_new_phase_are_the_configured_phase_s(runs):
+    live, _, _, _, streamed, _, reference = runs
+    for step in range(AT, STEPS):
+        assert streamed[step] == reference[step], step
+    # The new weights (1/10, 1/10, 4/5 of 10 rows) hold within one row per step.
+    for step in (AT, AT + 3, STEPS - 1):
+        got = datasets_of(live, step)
+        assert abs(got["books"] - 8) <= 1 and abs(got["web"] - 1) <= 1, got
+
+
+def test_batches_carry_the_fingerprint_of_the_plan_up_to_their_step(runs):
+    live, ref, _, _, _, fields, _ = runs
+    starts = {fields[s][0] for s in range(AT)}
+    assert starts == {0}
+    assert {fields[s][0] for s in range(AT, STEPS)} == {AT}
+    assert len({fields[s][1] for s in range(AT)}) == 1
+    assert fields[AT][1] != fields[0][1]
+    # The reference server, configured with the phase, has the same chain.
+    ref_plan = plan(ref)
+    assert [(p.start_step, p.fingerprint) for p in ref_plan.phases] == [
+        (0, fields[0][1]),
+        (AT, fields[AT][1]),
+    ]
+
+
+def test_describe_counts_what_each_dataset_gave_up_to_a_step(runs):
+    live, _, _, _, _, _, _ = runs
+    info = plan(live, step=STEPS)
+    by_name = {c.dataset: c for c in info.consumed}
+    assert sum(c.rows for c in info.consumed) == STEPS * BATCH
+    assert all(c.tokens == c.rows * SEQ_LEN for c in info.consumed)
+    # Exact rational apportionment: 1/2, 3/10, 1/5 of 600 rows, then 1/10, 1/10, 4/5 of 150.
+    assert by_name["web"].rows == 300 + 15
+    assert by_name["code"].rows == 180 + 15
+    assert by_name["books"].rows == 120 + 120
+    assert info.phase == 1
+    with live.client("main") as c:
+        rows = c.explain(AT + 1)["rows"]
+    assert all("dataset_row" in r for r in rows)
+
+
+def test_hostile_changes_are_refused_and_change_nothing(runs):
+    live, _, _, _, _, _, _ = runs
+    version = plan(live).version
+    horizon = plan(live).horizon
+    far = horizon + 100
+    bad = [
+        ({"start_step": far, "weights": {"web": "-1"}}, grpc.StatusCode.INVALID_ARGUMENT, ">= 0"),
+        (
+            {"start_step": far, "weights": {"web": "x"}},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rational",
+        ),
+        ({"start_step": far, "weights": {"web": "0"}}, grpc.StatusCode.INVALID_ARGUMENT, "sum"),
+        ({"start_step": far, "weights": {"wiki": "1"}}, grpc.StatusCode.INVALID_ARGUMENT, "wiki"),
+        ({"start_step": 1}, grpc.StatusCode.FAILED_PRECONDITION, "frozen"),
+        ({"start_step": far, "expected_version": 1}, grpc.StatusCode.ABORTED, "version"),
+        ({"start_step": far, "global_batch_size": -3}, grpc.StatusCode.INVALID_ARGUMENT, ">= 1"),
+    ]
+    for fields, code, words in bad:
+        with pytest.raises(grpc.RpcError) as e:
+            amend(live, **fields)
+        assert e.value.code() == code, (fields, e.value.details())
+        assert words in e.value.details(), e.value.details()
+    assert plan(live).version == version
+
+
+def test_the_plan_log_outlives_a_restart_with_the_old_config(tmp_path, texts):
+    proc = serve(tmp_path, "a", mixture(tmp_path, texts))
+    try:
+        amend(proc, start_step=50, global_batch_size=20)
+        with proc.client("main") as c:
+            amended = batch_bytes(c.get_batch(52))
+        proc.stop()
+        proc = ServerProcess(tmp_path / "a.yaml", tmp_path / "a2.log")  # the same, old config
+        assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+        info = plan(proc)
+        assert [(p.start_step, p.global_batch_size) for p in info.phases] == [(0, 10), (50, 20)]
+        with proc.client("main") as c:
+            assert batch_bytes(c.get_batch(52)) == amended
+            assert c.get_batch(52)["input_ids"].shape[0] == 20
+    finally:
+        proc.stop()
+
+
+def test_changing_the_plan_needs_the_admin_scope(tmp_path, texts):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("reader-token\nadmin-token:+admin\n")
+    proc = serve(
+        tmp_path,
+        "auth",
+        mixture(tmp_path, texts),
+        token="admin-token",
+        auth={"tokens_file": str(tokens)},
+    )
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            amend(proc, token="reader-token", start_step=500)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "admin" in e.value.details()
+        info = amend(proc, token="admin-token", start_step=500, weights={"web": "1"})
+        assert [p.start_step for p in info.phases] == [0, 500]
+    finally:
+        proc.stop()
+
+
+def test_a_context_extension_phase_serves_every_token_once_per_epoch(tmp_path, texts):
+    """seq_len 64 -> 256 from step 6: over two epochs every document token is an input twice
+    (or three times: the third epoch's first tokens), never once or four times."""
+    from support import TOKENIZER
+    from tokenizers import Tokenizer
+
+    docs = texts[:120]
+    root = tmp_path / "one"
+    root.mkdir()
+    write_jsonl(root / "part.jsonl", docs)
+    spec = job_spec([root / "*.jsonl"], seq_len=64, global_batch_size=4, chunk_bytes="8KiB")
+    proc = serve(tmp_path, "ctx", spec)
+    try:
+        amend(proc, start_step=6, seq_len=256)
+        tok = Tokenizer.from_file(str(TOKENIZER))
+        encoded = tok.encode_batch(docs, add_special_tokens=False)
+        ids_of = {f"line {i + 1}": e.ids for i, e in enumerate(encoded)}
+        coverage = {k: np.zeros(len(v), dtype=np.int64) for k, v in ids_of.items()}
+        with proc.client("main") as c:
+            units = int(c.describe()["num_tokens"]) + len(docs)
+            served, step = 0, 0
+            while served < 2 * units:
+                batch = c.get_batch(step)
+                ids = batch["input_ids"]
+                assert ids.shape == ((4, 64) if step < 6 else (4, 256))
+                for world in (2, 4):
+                    parts = [c.get_batch(step, r, world)["input_ids"] for r in range(world)]
+                    assert np.array_equal(np.concatenate(parts), ids)
+                for row, why in zip(ids, c.explain(step)["rows"], strict=True):
+                    for p in why["pieces"]:
+                        ts, te = int(p["token_start"]), int(p["token_end"])
+                        rs, re = int(p["row_start"]), int(p["row_end"])
+                        assert row[rs:re].tolist() == ids_of[p["record"]][ts:te]
+                        coverage[p["record"]][ts:te] += 1
+                served += ids.size
+                step += 1
+        every = np.concatenate(list(coverage.values()))
+        assert every.min() == 2 and every.max() <= 3
+    finally:
+        proc.stop()
