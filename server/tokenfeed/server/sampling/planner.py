@@ -221,6 +221,8 @@ class Planner:
         if cached is not None and cached[0] is schedule and cached[1] == version:
             return cached[2]
         segs = [first_segment(idx.per_row if self.spec.packing == "concat" else idx.span)]
+        # Known so far while the later ones are computed (each needs its predecessor's layouts).
+        self._segments[d] = (schedule, version, segs)
         if idx.ready:
             for start, seq_len in self.phases:
                 if seq_len == segs[-1].seq_len or start == 0:
