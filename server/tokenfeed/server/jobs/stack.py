@@ -28,7 +28,7 @@ from tokenfeed.server.jobs.job import Job, JobState, Upstream
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import Config
-from tokenfeed.server.store.blobs import LocalBlobs, S3Blobs
+from tokenfeed.server.store.blobs import CacheBlobs, LocalBlobs, S3Blobs
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenStore, TokenStoreView
 
@@ -63,15 +63,20 @@ def check_budget(config: Config) -> None:
                     )
 
 
-def plan_keepers(config: Config, storage: ObjectStorage) -> dict[str, PlanKeeper]:
+def plan_keepers(
+    config: Config, storage: ObjectStorage, cache: DiskCache | None
+) -> dict[str, PlanKeeper]:
     """Each job's plan log: under the shared store's prefix for a fleet (every server reads and
-    writes the same log), else in the cache directory (every process of this server)."""
+    writes the same log), else in the cache directory (every process of this server; counted
+    under the budget by the process that owns the cache, `cache`)."""
     uri = config.store.uri
     blobs: LocalBlobs | S3Blobs
     if uri.startswith("s3://"):
         blobs, where = S3Blobs(storage.s3(), uri), uri
     elif uri:
         blobs, where = LocalBlobs(uri), uri
+    elif cache is not None:
+        blobs, where = CacheBlobs(cache), config.server.cache_dir
     else:
         blobs, where = LocalBlobs(config.server.cache_dir), config.server.cache_dir
     return {
@@ -88,7 +93,7 @@ def open_server(config: Config) -> Stack:
     storage = ObjectStorage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    keepers = plan_keepers(config, storage)
+    keepers = plan_keepers(config, storage, cache)
     jobs = {
         spec.name: Job(
             spec,
@@ -110,7 +115,7 @@ def open_worker(config: Config, upstream: Upstream) -> Stack:
     only: no block cache here."""
     store = TokenStoreView(config.server.cache_dir)
     storage = ObjectStorage(config.object_store)
-    keepers = plan_keepers(config, storage)
+    keepers = plan_keepers(config, storage, None)
     jobs = {
         spec.name: Job(
             spec,

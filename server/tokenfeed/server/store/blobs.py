@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import botocore.exceptions as bce
+from tokenfeed.server.diskcache.cache import DiskCache, Kind
 from tokenfeed.server.diskcache.diskfiles import write_atomic
 from tokenfeed.server.objstore.s3backend import S3Backend, split_uri
 
@@ -70,6 +71,35 @@ class LocalBlobs:
             except FileNotFoundError:
                 continue
         return out
+
+
+class CacheBlobs(LocalBlobs):
+    """Blobs in the disk cache's directory, counted under its budget as entries of the `plan`
+    kind that are never evicted: a lone server's plan logs (dataplan/keeper.py)."""
+
+    KIND = "plan"
+
+    def __init__(self, cache: DiskCache):
+        super().__init__(str(cache.root))
+        self.cache = cache
+        cache.register(Kind(self.KIND, self._scan, self._delete, evictable=False))
+
+    def _scan(self) -> list[tuple[str, int]]:
+        return [(p.name, p.stat().st_size) for p in (self.root / "plans").glob("*.json")]
+
+    def _delete(self, key: str) -> None:
+        (self.root / "plans" / key).unlink(missing_ok=True)
+
+    def put(self, name: str, data: bytes) -> None:
+        with self.cache.reserving(len(data), f"{self.KIND} {name}"):
+            super().put(name, data)
+            self.cache.commit(self.KIND, Path(name).name, len(data))
+
+    def put_if(self, name: str, data: bytes, expected: str) -> str:
+        with self.cache.reserving(len(data), f"{self.KIND} {name}"):
+            tag = super().put_if(name, data, expected)
+            self.cache.commit(self.KIND, Path(name).name, len(data))
+        return tag
 
 
 class S3Blobs:
