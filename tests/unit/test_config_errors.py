@@ -388,6 +388,8 @@ FULL = {
             "sources": [
                 {"path": "x.parquet", "format": "parquet", "token_field": "ids"},
                 {"path": "y.jsonl", "text_field": "t"},
+                {"path": "w/*.tar", "format": "webdataset", "member": "json"},
+                {"path": "hub", "format": "hf", "config": "en", "split": "validation"},
             ],
             "tokenizer": {"path": "t.json", "eos_token": "</s>", "bos_token": "<s>"},
             **{"seq_len": 5, "global_batch_size": 6, "seed": 1, "packing": "best_fit"},

@@ -235,7 +235,12 @@ class DatasetIndex:
                 raise SourceError(f"job {self.name}: source {source.pattern!r} matched no objects")
             for obj in found:  # an object matched by two patterns is read once, as the first says
                 objects.setdefault(obj.uri, (obj, source))
-        chunks = plan_chunks(list(objects.values()), self.dataset.chunk_bytes, self.storage)
+        chunks = plan_chunks(
+            list(objects.values()),
+            self.dataset.chunk_bytes,
+            self.storage,
+            self.store.shard_indexes,  # tar and Arrow shards are walked once, then kept
+        )
         if not chunks:
             raise SourceError(f"job {self.name}: every source object is empty")
         self.adopt(chunks)

@@ -24,6 +24,8 @@ from tokenfeed.server.settings.configread import (
     to_fraction,
 )
 from tokenfeed.server.settings.jobspec import (
+    MEMBER_FORMATS,
+    SPLIT_FORMATS,
     DatasetSpec,
     JobSpec,
     PhaseSpec,
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 SMALL_CHUNK_BYTES = 2**20
 
 # The keys of a job and of each level inside it (configread.check_keys walks them first).
-SOURCE = keys("path", "format", "text_field", "token_field")
+SOURCE = keys("path", "format", "text_field", "token_field", "member", "split", "config")
 TOKENIZER = keys("path", "eos_id", "eos_token", "bos_id", "bos_token", "add_bos", "backend")
 DATASET = keys("text_field", "chunk_bytes", "weight", sources=Items(SOURCE))
 PHASE = keys("start_step", "global_batch_size", "weights")
@@ -186,12 +188,15 @@ def _source(raw: object, where: str, base: Path, default_field: str) -> SourceSp
     fmt = s.text("format", SourceSpec.format)
     text_field = s.text("text_field", default_field)
     token_field = s.optional_text("token_field")
+    member = s.text("member", SourceSpec.member)
+    split, config = s.text("split", SourceSpec.split), s.optional_text("config")
     s.done()
     spec = build(
         where,
-        lambda: SourceSpec(pattern, fmt, text_field, token_field),
+        lambda: SourceSpec(pattern, fmt, text_field, token_field, member, split, config),
         lambda f: "path" if f == "pattern" else f,
     )
+    _layout_keys(s, spec)
     # What the source's own keys say together (a job's text_field is only a default).
     if token_field is not None and s.has("text_field"):
         raise ConfigError(
@@ -204,6 +209,27 @@ def _source(raw: object, where: str, base: Path, default_field: str) -> SourceSp
             f"{text_field!r} for {spec.pattern!r}"
         )
     return spec
+
+
+def _layout_keys(s: Section, spec: SourceSpec) -> None:
+    """The layouts' own keys (member, split, config) only where a layout reads them."""
+    fmt = spec.format
+    wrong = [
+        (key, formats)
+        for key, formats in (
+            ("member", MEMBER_FORMATS),
+            ("split", SPLIT_FORMATS),
+            ("config", ("auto", "hf")),
+        )
+        if s.has(key) and (fmt not in formats or (fmt == "auto" and (spec.jsonl or spec.megatron)))
+    ]
+    if wrong:
+        key, formats = wrong[0]
+        named = [f for f in formats if f != "auto"]
+        raise ConfigError(
+            f"{s.path(key)}: applies to format {' or '.join(named)} sources only, got "
+            f"{s.get(key)!r} for {spec.pattern!r} (format {fmt})"
+        )
 
 
 def _tokenizer(raw: object, where: str, base: Path) -> TokenizerSpec:

@@ -18,7 +18,11 @@ PACKINGS = ("concat", "best_fit")
 # Names `format: auto` reads as JSON Lines (chunks.py reads the same suffixes).
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BAD_RECORD_POLICIES = ("skip", "strict")
-FORMATS = ("auto", "jsonl", "parquet", "megatron")
+FORMATS = ("auto", "jsonl", "parquet", "megatron", "mds", "hf", "arrow", "webdataset")
+# Formats read through a layout (chunks.py, layouts.py) and the keys that only they take.
+TOKEN_FORMATS = ("auto", "parquet", "mds", "hf", "arrow")  # where token_field applies
+SPLIT_FORMATS = ("auto", "hf", "arrow")  # a Hub repository or a save_to_disk DatasetDict
+MEMBER_FORMATS = ("auto", "webdataset")
 TOKENIZER_BACKENDS = ("auto", "hf", "tiktoken")
 # A job's name travels in requests, metrics labels and file names.
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -39,20 +43,41 @@ class SourceSpec:
     pattern: str
     format: str = "auto"
     text_field: str = "text"
-    # Parquet only: a column of token-id lists read instead of a text column (no tokenizer).
+    # Parquet, MDS and Arrow: a column of token ids read instead of a text column (no
+    # tokenizer): a list of integers (Parquet, Arrow) or an integer `ndarray` (MDS).
     token_field: str | None = None
+    # The layouts' own keys (docs/bring-your-data.md). WebDataset: the member, by its
+    # extension, that holds a sample's text ("json": `text_field` of that JSON object).
+    member: str = "txt"
+    # A Hub repository (`hf`) or a save_to_disk DatasetDict: the split read, and for a Hub
+    # repository the config (None: the README's default config, else "default").
+    split: str = "train"
+    config: str | None = None
 
     def __post_init__(self) -> None:
         check.text("pattern", self.pattern)
         check.text("format", self.format, FORMATS)
         check.text("text_field", self.text_field)
         check.optional_text("token_field", self.token_field)
-        if self.token_field is not None and (self.megatron or self.jsonl):
-            kind = "Megatron datasets hold token ids already" if self.megatron else "not JSON Lines"
-            raise ConfigError(
-                f"token_field: applies to Parquet sources only ({kind}), "
-                f"got {self.token_field!r} for {self.pattern!r}"
+        check.text("member", self.member)
+        check.text("split", self.split)
+        check.optional_text("config", self.config)
+        if self.token_field is not None and (
+            self.megatron or self.jsonl or self.tar or self.format not in TOKEN_FORMATS
+        ):
+            kind = (
+                "Megatron datasets hold token ids already"
+                if self.megatron
+                else "not tar members"
+                if self.tar
+                else "not JSON Lines"
             )
+            raise ConfigError(
+                f"token_field: applies to Parquet sources only (and the MDS, Arrow and Hub "
+                f"layouts; {kind}), got {self.token_field!r} for {self.pattern!r}"
+            )
+        if self.member.startswith(".") or "/" in self.member:
+            raise check.fail("member", "a member's extension such as txt or json", self.member)
 
     # A pattern whose name does not tell the format (and `format: auto`) is checked per object
     # when its chunks are planned (chunks.source_kind).
@@ -66,6 +91,13 @@ class SourceSpec:
         """JSON Lines, by `format` or by the pattern's name."""
         return self.format == "jsonl" or (
             self.format == "auto" and self._name.endswith(JSONL_SUFFIXES)
+        )
+
+    @property
+    def tar(self) -> bool:
+        """WebDataset tar shards, by `format` or by the pattern's name."""
+        return self.format == "webdataset" or (
+            self.format == "auto" and self._name.endswith((".tar", ".tgz"))
         )
 
     @property
