@@ -401,6 +401,8 @@ FULL = {
                     "sources": [
                         {"path": "p/*.parquet", "format": "parquet", "token_field": "ids"},
                         {"path": "q/*.jsonl", "text_field": "x"},
+                        {"path": "r/*.tar.gz", "member": "md"},
+                        {"path": "s/", "format": "hf", "config": "c", "split": "test"},
                     ],
                     **{"weight": 1, "chunk_bytes": "2MiB"},
                 },
