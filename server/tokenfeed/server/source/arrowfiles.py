@@ -90,12 +90,7 @@ def messages(f: BinaryIO, size: int, pos: int = 0) -> Iterator[tuple[int, int, i
 def batch_table(store: ObjectStore, obj: ObjectInfo) -> np.ndarray:
     """[offset, length, rows] of the schema (first) and each record batch of a stream file."""
     with store.open(obj) as f:
-        head = f.read(6)
-        if head == b"ARROW1":
-            raise SourceError(
-                f"{obj.uri}: an Arrow IPC file (ARROW1), expected the IPC stream format that "
-                "save_to_disk writes; rewrite it as a stream or as Parquet"
-            )
+        _not_a_file(obj, f.read(6))
         found = list(messages(f, obj.size))
     if not found or found[0][2] != SCHEMA:
         raise SourceError(
@@ -108,10 +103,19 @@ def batch_table(store: ObjectStore, obj: ObjectInfo) -> np.ndarray:
     return np.array([found[0][:2] + (0,)] + [(o, n, r) for o, n, _, r in rows], dtype=np.int64)
 
 
+def _not_a_file(obj: ObjectInfo, head: bytes) -> None:
+    if head == b"ARROW1":
+        raise SourceError(
+            f"{obj.uri}: an Arrow IPC file (ARROW1), expected the IPC stream format that "
+            "save_to_disk writes; rewrite it as a stream or as Parquet"
+        )
+
+
 @lru_cache(maxsize=4096)
 def _schema(store: ObjectStore, obj: ObjectInfo) -> tuple[bytes, pa.Schema]:
     """The schema message's bytes and the schema, once per file and process."""
     with store.open(obj) as f:
+        _not_a_file(obj, f.read(6))
         first = next(messages(f, obj.size), None)
     if first is None or first[2] != SCHEMA:
         raise SourceError(f"{obj.uri}: not an Arrow IPC stream (no schema message first)")
@@ -142,7 +146,9 @@ def plan(
         want = "a list of integer token ids" if tokens else "a string"
         raise SourceError(f"{obj.uri}: column {field!r} is {kind}, expected {want} ({key})")
     table = cached(indexes, "arrow-stream", obj, lambda: batch_table(store, obj))
-    chunks, run, row = [], [], 0
+    chunks: list[Chunk] = []
+    run: list[tuple[int, int, int]] = []
+    row = 0
     for offset, length, rows in table[1:].tolist():
         if run and offset + length - run[0][0] > chunk_bytes:
             chunks.append(_chunk(obj, tokens, field, run))

@@ -137,7 +137,7 @@ def _mds(spec: SourceSpec, objs: list[ObjectInfo], store: ObjectStore, claimed: 
     listed_dirs: set[str] = set()
     out = []
     tokens = spec.token_field is not None
-    field = spec.token_field if tokens else spec.text_field
+    field = spec.token_field if spec.token_field is not None else spec.text_field
     for index in sorted(indexes, key=lambda o: (o.uri.count("/"), o.uri)):  # shallowest first
         if index.uri in claimed:
             continue
@@ -146,35 +146,42 @@ def _mds(spec: SourceSpec, objs: list[ObjectInfo], store: ObjectStore, claimed: 
             continue  # an index.json that is not MDS: JSON Lines, as before
         claimed.add(index.uri)
         shards = mds.parse_index(index, data)
+        sources = [_shard_source(s, store, known, listed_dirs) for s in shards]
+        if all(uri in claimed for _, uri in sources):
+            continue  # a part's index.json beside the merged one that claimed its shards
         if not any(field in s.names for s in shards):
             names = sorted({n for s in shards for n in s.names})
             key = "token_field" if tokens else "text_field"
             raise SourceError(
                 f"{index.uri}: no shard has a column {field!r} (columns: {names}); set {key}"
             )
-        for shard in shards:
+        for shard, (source, _) in zip(shards, sources, strict=True):
             mds.check_column(shard, field, tokens)
-            source = None
-            for name in (shard.raw, shard.zipped):
-                if name is None:
-                    continue
-                uri = shard.uri(name)
-                folder = posixpath.dirname(uri)
-                if uri not in known and folder not in listed_dirs:
-                    listed_dirs.add(folder)
-                    known.update({o.uri: o for o in store.list(folder)})
-                if uri in known:
-                    source = source or known[uri]
-                    claimed.add(uri)
-            if source is None:
-                raise SourceError(
-                    f"{index.uri}: its shard {shard.position} ({shard.raw}"
-                    f"{' or ' + shard.zipped if shard.zipped else ''}) is not there: the "
-                    "index.json does not match its directory"
-                )
+            claimed.update(shard.uri(n) for n in (shard.raw, shard.zipped) if n is not None)
             kind = "mds-tokens" if tokens else "mds"
             out.append(Reading(source, kind, spec, shard))
     return out
+
+
+def _shard_source(
+    shard: mds.MdsShard, store: ObjectStore, known: dict[str, ObjectInfo], listed: set[str]
+) -> tuple[ObjectInfo, str]:
+    """The object an MDS shard is read from (plain if there, else compressed) and its URI."""
+    for name in (shard.raw, shard.zipped):
+        if name is None:
+            continue
+        uri = shard.uri(name)
+        folder = posixpath.dirname(uri)
+        if uri not in known and folder not in listed:  # named by its index.json alone
+            listed.add(folder)
+            known.update({o.uri: o for o in store.list(folder)})
+        if uri in known:
+            return known[uri], uri
+    raise SourceError(
+        f"{shard.index.uri}: its shard {shard.position} ({shard.raw}"
+        f"{' or ' + shard.zipped if shard.zipped else ''}) is not there: the index.json does "
+        "not match its directory"
+    )
 
 
 def _arrow(

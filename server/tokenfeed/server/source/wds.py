@@ -181,19 +181,23 @@ def plan(
     return chunks + ([chunk(first, len(table))] if len(table) else [])
 
 
-def _bytes(store: ObjectStore, chunk: Chunk) -> bytes:
+def _bytes(store: ObjectStore, chunk: Chunk) -> tuple[bytes, bool]:
+    """The chunk's bytes, and whether they end where they should (a compressed stream that
+    ends early does not: its samples held whole are read, the rest is one bad record)."""
     if chunk.kind == "tar":
-        return store.read_range(chunk.source, chunk.start, chunk.end)
+        return store.read_range(chunk.source, chunk.start, chunk.end), True
     raw = store.read_range(chunk.source, 0, chunk.source.size)
-    try:  # what a truncated stream holds: its samples whole are read, the rest is located
-        return zlib.decompressobj(wbits=47).decompress(raw)
+    d = zlib.decompressobj(wbits=47)
+    try:
+        data = d.decompress(raw)
     except zlib.error:
-        return b""
+        return b"", False
+    return data, d.eof
 
 
 def read_texts(store: ObjectStore, chunk: Chunk) -> list[str | BadRecord]:
     """The chunk's samples, each its text or why it is a bad record."""
-    data, uri = _bytes(store, chunk), chunk.source.uri
+    (data, whole), uri = _bytes(store, chunk), chunk.source.uri
     ext, _, field = chunk.text_field.partition(":")
     out: list[str | BadRecord] = []
     n = max(chunk.first_record, 0)
@@ -204,6 +208,11 @@ def read_texts(store: ObjectStore, chunk: Chunk) -> list[str | BadRecord]:
             continue
         out.append(_text(data, s, ext, field, f"{uri} sample {n}", uri))
         n += 1
+    if not whole:  # one record for what the stream lost (a header it cut included)
+        if out and isinstance(out[-1], BadRecord) and out[-1].reason == "corrupt_header":
+            out.pop()
+        detail = f"the compressed stream ends early, after {len(data)} bytes of tar"
+        out.append(BadRecord("truncated", f"{uri} sample {n}", detail))
     return out
 
 
@@ -236,7 +245,7 @@ def _text(data: bytes, sample: list[Member], ext: str, field: str, where: str, u
 
 def sample_key(store: ObjectStore, chunk: Chunk, record: int) -> str:
     """The key of the chunk's `record`-th sample (Explain), "" if it cannot be read."""
-    data = _bytes(store, chunk)
+    data = _bytes(store, chunk)[0]
     for i, s in enumerate(_samples(io.BytesIO(data), len(data))):
         if i == record and not isinstance(s, Damage):
             return key_of(s[0].name)[0]  # type: ignore[index]
