@@ -208,3 +208,72 @@ def test_shard_indexes_are_kept_in_the_token_store(local, layouts):
     kept = sorted(cache.glob("shards/*/*.six"))
     # wds/shard-0.tar, wdsj/part-0.tar, saved/data-0000{0,1}-of-00002.arrow
     assert len(kept) == 4
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, texts):
+    """A truncated MDS shard, a tar with a sample lacking its text and a member cut short, and
+    a save_to_disk directory whose state.json names a file that is not there; jobs of each
+    bad_records policy, and one of the unreadable layout."""
+    root = tmp_path_factory.mktemp("damaged").resolve()
+    docs = texts[:40]
+    formats.write_mds(root / "mds", docs)
+    shard = root / "mds" / "shard.00000.mds"
+    shard.write_bytes(shard.read_bytes()[:-100])  # the last sample of shard 0 cut short
+    members = [(f"t/{i:03d}.txt", d.encode()) for i, d in enumerate(docs[:10])]
+    members[4] = ("t/004.cls", b"4")
+    (root / "wds").mkdir()
+    tar = root / "wds" / "t.tar"
+    data = formats.tar_bytes(members)
+    tar.write_bytes(data[: data.index(docs[9].encode()) + 20])
+    formats.write_saved(root / "saved", docs)
+    (root / "saved" / "data-00001-of-00002.arrow").unlink()
+    sources = [str(root / "mds"), str(root / "wds" / "t.tar")]
+    spec = job_spec([], seq_len=SEQ_LEN, global_batch_size=BATCH, chunk_bytes="2KiB")
+    jobs = {
+        "skip": spec | {"sources": sources},
+        "strict": spec | {"sources": sources, "bad_records": "strict"},
+        "unreadable": spec | {"sources": [str(root / "saved")]},
+    }
+    tmp = tmp_path_factory.mktemp("damaged-server")
+    proc = ServerProcess(write_config(tmp / "tf.yaml", jobs, tmp / "cache"), tmp / "log")
+    for job in jobs:
+        proc.wait_ready(job, timeout=120)
+    n0 = json.loads((root / "mds" / "index.json").read_text())["shards"][0]["samples"]
+    yield proc, root, n0
+    assert proc.stop() == 0, proc.log()
+
+
+def test_damaged_layouts_are_skipped_counted_and_logged_with_their_location(damaged):
+    proc, root, n0 = damaged
+    with proc.client("skip") as c:
+        info = c.describe()
+        assert info["state"] == "JOB_STATE_READY", info["error"]
+        counts = {b["reason"]: int(b["count"]) for b in info["bad_records"]}
+        assert counts == {"truncated": 2, "missing_field": 1}
+        assert int(info["num_documents"]) == 40 + 10 - 3
+        assert c.get_batch(0)["input_ids"].shape == (BATCH, SEQ_LEN)
+    log = proc.log()
+    assert f"{root}/mds/shard.00000.mds sample {n0 - 1}: truncated" in log
+    assert f"{root}/wds/t.tar sample 4: missing_field" in log
+    assert f"{root}/wds/t.tar member t/009.txt: truncated" in log
+
+
+def test_damaged_layouts_under_strict_fail_the_job_naming_the_first(damaged):
+    proc, root, n0 = damaged
+    with proc.client("strict") as c:
+        info = c.describe()
+    assert info["state"] == "JOB_STATE_FAILED"
+    assert "strict" in info["error"]
+    assert f"shard.00000.mds sample {n0 - 1}: truncated" in info["error"] or (
+        f"{root}/wds/t.tar" in info["error"]
+    )
+
+
+def test_an_unreadable_layout_is_refused_with_its_path_and_what_was_expected(damaged):
+    proc, root, _ = damaged
+    with proc.client("unreadable") as c:
+        info = c.describe()
+    assert info["state"] == "JOB_STATE_FAILED"
+    assert f"{root}/saved/state.json" in info["error"]
+    assert "data-00001-of-00002.arrow is not there" in info["error"]
