@@ -60,16 +60,18 @@ def write_mds(
     return out
 
 
-def write_saved(out: Path, texts: list[str], ids: list[list[int]] | None = None, shards=2) -> Path:
+def write_saved(
+    out: Path, texts: list, ids: list[list[int]] | None = None, shards=2, batch_rows=16
+) -> Path:
     """`Dataset.save_to_disk`: state.json, dataset_info.json, data-*.arrow streams, with record
-    batches of 16 rows (datasets writes 1000-row batches; a small corpus needs smaller)."""
+    batches of `batch_rows` (datasets writes 1000-row batches; a small corpus needs smaller)."""
     import datasets
     from datasets import config
 
     data: dict = {"text": texts}
     if ids is not None:
         data["ids"] = ids
-    old, config.DEFAULT_MAX_BATCH_SIZE = config.DEFAULT_MAX_BATCH_SIZE, 16
+    old, config.DEFAULT_MAX_BATCH_SIZE = config.DEFAULT_MAX_BATCH_SIZE, batch_rows
     try:
         datasets.Dataset.from_dict(data).save_to_disk(str(out), num_shards=shards)
     finally:
