@@ -38,7 +38,7 @@ class FormatsSizes:
 
 
 QUICK = FormatsSizes(copies=6, rounds=2)
-FULL = FormatsSizes(copies=12, rounds=3)
+FULL = FormatsSizes(copies=12, rounds=5)
 
 
 @dataclass

@@ -388,3 +388,20 @@ def test_token_columns_hold_ids_checked_against_the_vocabulary(tmp_path):
 def _info(path: Path) -> ObjectInfo:
     (info,) = Storage().for_uri(str(path)).list(str(path))
     return info
+
+
+def test_auto_detection_reads_only_unambiguous_layouts(tmp_path):
+    # An index.json that is not MDS, and a state.json that is not save_to_disk, stay JSON Lines.
+    (tmp_path / "j").mkdir()
+    (tmp_path / "j" / "index.json").write_text(json.dumps({"text": "one"}) + "\n")
+    (tmp_path / "j" / "state.json").write_text(json.dumps({"text": "two"}) + "\n")
+    assert sorted(read_all(tmp_path / "j")[0]) == ["one", "two"]
+    # An MDS directory and a save_to_disk one side by side under one path: each read once,
+    # their own description files (index.json, state.json, dataset_info.json) not as text.
+    formats.write_mds(tmp_path / "both" / "m", TEXTS[:30])
+    formats.write_saved(tmp_path / "both" / "s", TEXTS[30:60])
+    texts, bad, records = read_all(tmp_path / "both")
+    assert sorted(texts) == sorted(TEXTS[:60]) and bad == [] and records == 60
+    # A lone MDS shard cannot be read without its index.json.
+    with pytest.raises(SourceError, match="read through its index.json"):
+        read_all(tmp_path / "both" / "m" / "shard.00000.mds")

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.storage import ObjectStore
-from tokenfeed.server.source import arrowfiles, mds
+from tokenfeed.server.source import arrowfiles, mdscolumns
 from tokenfeed.server.source.chunk import Chunk
 from tokenfeed.server.source.columns import is_token_list, token_records
 from tokenfeed.server.source.megatron import megatron_header
@@ -74,7 +74,7 @@ def read_chunk(store: ObjectStore, chunk: Chunk, tokenizer: TextTokenizer) -> Pr
     elif chunk.kind == "parquet-tokens":
         records = _read_parquet_tokens(store, chunk)
     elif chunk.kind == "mds-tokens":
-        records = mds.read_tokens(store, chunk)
+        records = mdscolumns.read_tokens(store, chunk)
     elif chunk.kind == "arrow-tokens":
         records = arrowfiles.read_tokens(store, chunk)
     else:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import zstandard
 from tokenfeed.server.errors import SourceError, StoreCorruptError
 from tokenfeed.server.objstore.storage import ObjectInfo, ObjectStore, Storage
-from tokenfeed.server.source import arrowfiles, mds, wds
+from tokenfeed.server.source import arrowfiles, mdscolumns, wds
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.source.records import BadRecord, ChunkDocuments, gather
 from tokenfeed.server.store.chunkfiles import DataStart, PartStart, Provenance
@@ -286,7 +286,7 @@ def read_documents(store: ObjectStore, chunk: Chunk) -> ChunkDocuments:
 
 # Text kinds whose module reads a chunk's records (each a text or a bad record), in order.
 _LAYOUT_TEXTS = {
-    "mds": mds.read_texts,
+    "mds": mdscolumns.read_texts,
     "arrow": arrowfiles.read_texts,
     "tar": wds.read_texts,
     "tar.gz": wds.read_texts,

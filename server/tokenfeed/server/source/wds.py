@@ -21,6 +21,7 @@ import io
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import BinaryIO
 
 import numpy as np
@@ -247,8 +248,16 @@ def _text(data: bytes, sample: list[Member], ext: str, field: str, where: str, u
 
 def sample_key(store: ObjectStore, chunk: Chunk, record: int) -> str:
     """The key of the chunk's `record`-th sample (Explain), "" if it cannot be read."""
+    keys = _keys(store, chunk)
+    return keys[record] if 0 <= record < len(keys) else ""
+
+
+@lru_cache(maxsize=64)
+def _keys(store: ObjectStore, chunk: Chunk) -> tuple[str, ...]:
+    """The keys of a chunk's samples in order ("" for damage), read once per chunk and process:
+    Explain asks for many pieces of one chunk, and a compressed tar is read whole for each."""
     data = _bytes(store, chunk)[0]
-    for i, s in enumerate(_samples(io.BytesIO(data), len(data))):
-        if i == record and not isinstance(s, Damage):
-            return key_of(s[0].name)[0]  # type: ignore[index]
-    return ""
+    return tuple(
+        "" if isinstance(s, Damage) else key_of(s[0].name)[0]  # type: ignore[index]
+        for s in _samples(io.BytesIO(data), len(data))
+    )
