@@ -23,7 +23,7 @@ import numpy as np
 from tokenfeed.server.objstore.storage import ObjectInfo
 
 # Bump when a layout's index (what a walk records) changes.
-SHARD_INDEX_VERSION = 1
+SHARD_INDEX_VERSION = 2
 _MAGIC = b"TFSHIX01"
 
 

@@ -7,9 +7,9 @@ webdataset groups them; its extension (lower-cased) names the field. The text is
 named by the source's `member` (`txt` by default), or `text_field` of a JSON member
 (`member: json`); chunks carry this reading as `txt` or `json:<field>`.
 
-A plain tar is cut into chunks of whole samples of about `chunk_bytes` by its member index,
-which a walk over its 512-byte headers builds once per shard version and the token store keeps
-(shardindex.py); a chunk is then one ranged read. A compressed tar is one chunk, read whole.
+A plain tar is cut into chunks of whole samples holding about `chunk_bytes` of member data by
+its member index, which a walk over its 512-byte headers builds once per shard version and the
+token store keeps (shardindex.py); a chunk is then one ranged read. A compressed tar is one chunk, read whole.
 Damage is located by shard and member or sample: a member cut short (truncated), a header that
 fails its checksum (the rest of the shard is one bad record), a sample without the member, text
 that is not UTF-8, a JSON member that is malformed or lacks the field.
@@ -153,21 +153,25 @@ def _samples(f: BinaryIO, size: int) -> Iterator[list[Member] | Damage]:
 
 
 def sample_table(store: ObjectStore, obj: ObjectInfo) -> np.ndarray:
-    """[first header, end] of each sample of a plain tar (a damaged tail is one more row)."""
+    """[first header, end, data bytes] of each sample of a plain tar (a damaged tail is one
+    more row)."""
     rows = []
     with store.open(obj) as f:
         for s in _samples(f, obj.size):
             if isinstance(s, Damage):
-                rows.append((s.at, obj.size))
+                rows.append((s.at, obj.size, obj.size - s.at))
             else:
-                rows.append((s[0].header, s[-1].end))
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+                rows.append((s[0].header, s[-1].end, sum(m.size for m in s)))
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
 def plan(
     store: ObjectStore, obj: ObjectInfo, field: str, chunk_bytes: int, indexes: ShardIndexes
 ) -> list[Chunk]:
-    """A tar's chunks: whole samples of about chunk_bytes (plain), or the whole object."""
+    """A tar's chunks: whole samples holding about chunk_bytes of member data (plain), or the
+    whole object. The members' data, not the tar's extent: 512-byte headers and padding can
+    triple the size of small text samples, and a chunk's costs follow its documents (its
+    `nbytes`, what a read fetches, is still the extent)."""
     if obj.uri.lower().endswith((".gz", ".tgz")):
         return [Chunk(obj, "tar.gz", field, 0, obj.size, nbytes=obj.size)]
     table = cached(indexes, "tar", obj, lambda: sample_table(store, obj))
@@ -176,11 +180,12 @@ def plan(
         start, end = int(table[first][0]), int(table[stop - 1][1])
         return Chunk(obj, "tar", field, start, end, nbytes=end - start, first_record=first)
 
-    chunks, first = [], 0
+    chunks, first, held = [], 0, 0
     for i in range(len(table)):
-        if i > first and table[i][1] - table[first][0] > chunk_bytes:
+        if i > first and held + table[i][2] > chunk_bytes:
             chunks.append(chunk(first, i))
-            first = i
+            first, held = i, 0
+        held += int(table[i][2])
     return chunks + ([chunk(first, len(table))] if len(table) else [])
 
 

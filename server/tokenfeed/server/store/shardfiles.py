@@ -2,8 +2,8 @@
 in the disk cache beside the token chunks, under `shards/<key[:2]>/<key>.six`.
 
 They are `shard-index` entries that are never evicted, like manifests: planning a job needs
-them before anything else, and rebuilding one reads its whole shard again. Each is small (16
-bytes per tar sample, 24 per record batch). Files are written atomically; on start, partial
+them before anything else, and rebuilding one reads its whole shard again. Each is small (24
+bytes per tar sample or record batch). Files are written atomically; on start, partial
 writes are removed and a file that fails its digest is rebuilt when it is next asked for.
 """
 
