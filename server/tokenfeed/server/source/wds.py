@@ -9,10 +9,11 @@ named by the source's `member` (`txt` by default), or `text_field` of a JSON mem
 
 A plain tar is cut into chunks of whole samples holding about `chunk_bytes` of member data by
 its member index, which a walk over its 512-byte headers builds once per shard version and the
-token store keeps (shardindex.py); a chunk is then one ranged read. A compressed tar is one chunk, read whole.
-Damage is located by shard and member or sample: a member cut short (truncated), a header that
-fails its checksum (the rest of the shard is one bad record), a sample without the member, text
-that is not UTF-8, a JSON member that is malformed or lacks the field.
+token store keeps (shardindex.py); a chunk is then one ranged read. A compressed tar is one
+chunk, read whole. Damage is located by shard and member or sample: a member cut short
+(truncated), a header that fails its checksum (the rest of the shard is one bad record), a
+sample without the member, text that is not UTF-8, a JSON member that is malformed or lacks the
+field.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tokenfeed.server.source.shardindex import ShardIndexes, cached
 _BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")
 _META = (b"x", b"L", b"g", b"K")
+_WINDOW = 2**20
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,28 @@ def _pax(payload: bytes) -> dict[bytes, bytes]:
     return out
 
 
+class _Window:
+    """Reads of a file through a window of `_WINDOW` bytes: a walk over many small members
+    costs one read per window, not one per header."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.lo, self.buf = f, 0, b""
+
+    def read(self, pos: int, n: int) -> bytes:
+        at = pos - self.lo
+        if at < 0 or at + n > len(self.buf):
+            self.f.seek(pos)
+            self.lo, self.buf, at = pos, self.f.read(max(n, _WINDOW)), 0
+        return self.buf[at : at + n]
+
+
 def members(f: BinaryIO, size: int, pos: int = 0) -> Iterator[Member | Damage]:
     """The regular-file members from `pos` on, in order; a header that cannot be read ends
     the walk with a `Damage`."""
     first, long_name, pax = -1, b"", {}
+    window = _Window(f)
     while pos < size:
-        f.seek(pos)
-        block = f.read(_BLOCK)
+        block = window.read(pos, _BLOCK)
         if len(block) < _BLOCK:
             yield Damage(pos, f"a header cut short at byte {size}")
             return
@@ -99,7 +116,7 @@ def members(f: BinaryIO, size: int, pos: int = 0) -> Iterator[Member | Damage]:
             return
         kind, head = block[156:157], first if first >= 0 else pos
         if kind in _META:
-            payload = f.read(n) if kind in (b"x", b"L") else b""
+            payload = window.read(pos + _BLOCK, n) if kind in (b"x", b"L") else b""
             if kind == b"x":
                 pax = _pax(payload)
             elif kind == b"L":
