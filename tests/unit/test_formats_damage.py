@@ -273,6 +273,8 @@ def test_hub_layouts_pick_the_config_and_split(tmp_path):
         src = tmp_path / "tmp" / config / "data" / f"{split}-00000-of-00001.parquet"
         src.rename(export / config / split / "0000.parquet")
     assert read_all(export, format="hf", config="fr")[0] == TEXTS[30:40]
+    (tmp_path / "link").symlink_to(export)  # named through a symlink: the same files
+    assert read_all(tmp_path / "link", format="hf", config="fr")[0] == TEXTS[30:40]
     with pytest.raises(SourceError, match="no data files for split 'test'"):
         read_all(export, format="hf", config="en", split="test")
 

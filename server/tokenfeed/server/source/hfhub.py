@@ -20,6 +20,7 @@ Each file chosen is then read by its own kind (Parquet row groups, JSON Lines, A
 
 from __future__ import annotations
 
+import os
 import re
 
 import yaml
@@ -102,6 +103,8 @@ def data_files(
     store: ObjectStore, root: str, listed: list[ObjectInfo], config: str | None, split: str
 ) -> list[ObjectInfo]:
     """The data files of one config and split of the repository at `root` (see the module)."""
+    if "://" not in root and not any(o.uri.startswith(root + "/") for o in listed):
+        root = os.path.realpath(root)  # a local listing names objects by their resolved paths
     rel = {o.uri[len(root) + 1 :]: o for o in listed if o.uri.startswith(root + "/")}
     readme = rel.get("README.md")
     if readme is not None:
