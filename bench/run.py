@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench import (
     client,
+    formats,
     mixture,
     objstore,
     packing,
@@ -58,6 +59,7 @@ SECTIONS = (
     "served",
     "scale",
     "raybuild",
+    "formats",
 )
 SMALL_OBJECTS_TARGET = 0.80  # build rate of many small objects / of a few large ones
 INDEX_RSS_TARGET = 300.0  # MB, a server holding the index of 300,000 chunks
@@ -504,6 +506,9 @@ def main() -> None:
         print(scale.run(scale.QUICK if args.quick else scale.FULL, OUT) + "\n", flush=True)
     if "raybuild" in only:  # tokenfeed build --ray on a local cluster vs --workers
         print(raybuild.run(args.quick) + "\n", flush=True)
+    if "formats" in only:  # build rate of MDS, Arrow, Parquet, tar against JSON Lines
+        sizes = formats.QUICK if args.quick else formats.FULL
+        print(formats.table(formats.run(sizes, OUT, threads), threads) + "\n", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s")
 
 

@@ -43,3 +43,13 @@ def test_token_store_reader_from_the_docs(tmp_path, texts):
     assert len(docs) == 50
     for got, want in zip(docs, expected, strict=True):
         assert np.array_equal(got, want.ids)
+
+
+def test_every_config_in_bring_your_data_loads():
+    import yaml
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "bring-your-data.md").read_text(), re.S)
+    assert len(blocks) == 5
+    for block in blocks:
+        cfg = configmod.from_dict(yaml.safe_load(block))
+        assert cfg.jobs and all(j.datasets[0].sources for j in cfg.jobs)

@@ -389,6 +389,8 @@ FULL = {
             "sources": [
                 {"path": "x.parquet", "format": "parquet", "token_field": "ids"},
                 {"path": "y.jsonl", "text_field": "t"},
+                {"path": "w/*.tar", "format": "webdataset", "member": "json"},
+                {"path": "hub", "format": "hf", "config": "en", "split": "validation"},
             ],
             "tokenizer": {"path": "t.json", "eos_token": "</s>", "bos_token": "<s>"},
             **{"seq_len": 5, "global_batch_size": 6, "seed": 1, "packing": "best_fit"},
@@ -400,6 +402,8 @@ FULL = {
                     "sources": [
                         {"path": "p/*.parquet", "format": "parquet", "token_field": "ids"},
                         {"path": "q/*.jsonl", "text_field": "x"},
+                        {"path": "r/*.tar.gz", "member": "md"},
+                        {"path": "s/", "format": "hf", "config": "c", "split": "test"},
                     ],
                     **{"weight": 1, "chunk_bytes": "2MiB"},
                 },

@@ -110,12 +110,13 @@ BAD: dict[str, tuple[Callable[[], object], str]] = {
     ),
     "source format": (
         lambda: SourceSpec("/d/*", format="csv"),
-        "format: expected one of ['auto', 'jsonl', 'parquet', 'megatron'], got 'csv'",
+        "format: expected one of ['auto', 'jsonl', 'parquet', 'megatron', 'mds', 'hf', "
+        "'arrow', 'webdataset'], got 'csv'",
     ),
     "source token_field on Megatron": (
         lambda: SourceSpec("/d/*.idx", token_field="ids"),
-        "token_field: applies to Parquet sources only (Megatron datasets hold token ids "
-        "already), got 'ids' for '/d/*.idx'",
+        "token_field: applies to Parquet sources only (and the MDS, Arrow and Hub layouts; "
+        "Megatron datasets hold token ids already), got 'ids' for '/d/*.idx'",
     ),
     "source empty pattern": (
         lambda: SourceSpec(""),

@@ -255,7 +255,10 @@ class DatasetIndex:
 
     def plan(self) -> None:
         """List the sources and plan the chunks (in a worker thread)."""
-        chunks = listing.list_chunks(self.name, self.dataset, self.storage)
+        # Tar and Arrow shards are walked once, then their indexes kept in the token store.
+        chunks = listing.list_chunks(
+            self.name, self.dataset, self.storage, self.store.shard_indexes
+        )
         self.adopt(chunks)
         if self.shared is not None:
             self.shared.check_dataset(self.dataset.name, self.inputs(chunks))

@@ -8,11 +8,15 @@ from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import DatasetSpec, SourceSpec
 from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION, Chunk, plan_chunks
+from tokenfeed.server.source.shardindex import ShardIndexes
 
 
-def list_chunks(name: str, dataset: DatasetSpec, storage: ObjectStorage) -> list[Chunk]:
+def list_chunks(
+    name: str, dataset: DatasetSpec, storage: ObjectStorage, indexes: ShardIndexes | None = None
+) -> list[Chunk]:
     """List the dataset's sources and plan its chunks (blocking: run it in a worker thread);
-    `name` is the dataset as messages name it."""
+    `name` is the dataset as messages name it; `indexes` keeps the tar and Arrow shards'
+    indexes (the token store's)."""
     objects: dict[str, tuple[ObjectInfo, SourceSpec]] = {}
     for source in dataset.sources:
         found = storage.for_uri(source.pattern).list(source.pattern)
@@ -20,7 +24,7 @@ def list_chunks(name: str, dataset: DatasetSpec, storage: ObjectStorage) -> list
             raise SourceError(f"job {name}: source {source.pattern!r} matched no objects")
         for obj in found:  # an object matched by two patterns is read once, as the first says
             objects.setdefault(obj.uri, (obj, source))
-    chunks = plan_chunks(list(objects.values()), dataset.chunk_bytes, storage)
+    chunks = plan_chunks(list(objects.values()), dataset.chunk_bytes, storage, indexes)
     if not chunks:
         raise SourceError(f"job {name}: every source object is empty")
     return chunks

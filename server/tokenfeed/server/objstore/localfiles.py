@@ -18,12 +18,16 @@ def _local_path(uri: str) -> str:
 
 
 class LocalBackend:
-    """Local files and globs (`**` recurses)."""
+    """Local files and globs (`**` recurses); a directory is every file under it."""
 
     parallel_reads = 1
 
     def list(self, pattern: str) -> list[ObjectInfo]:
         path = _local_path(pattern)
+        if not glob.has_magic(path) and os.path.isdir(path):
+            # A layout (an MDS or save_to_disk directory, a Hub repository) is named by its
+            # directory: everything under it, as on object storage.
+            path = os.path.join(glob.escape(path), "**")
         matches = glob.glob(path, recursive=True) if glob.has_magic(path) else [path]
         infos: list[ObjectInfo] = []
         dirs: dict[str, str] = {}

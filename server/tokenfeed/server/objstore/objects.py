@@ -24,7 +24,8 @@ class ObjectBackend(Protocol):
     parallel_reads: int
 
     def list(self, pattern: str) -> list[ObjectInfo]:
-        """Objects matching a glob, sorted by URI."""
+        """Objects matching a glob, sorted by URI; a directory (a prefix that names no object
+        of its own) lists every object under it, as `<dir>/**` would."""
         ...
 
     def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:

@@ -210,10 +210,15 @@ class S3Backend:
     def list(self, pattern: str) -> list[ObjectInfo]:
         bucket, key_pattern = split_uri(pattern)
         if not _has_magic(key_pattern):
-            info = self._head(bucket, key_pattern, pattern)
-            return [] if info is None else [info]
-        prefix = re.split(r"[*?\[]", key_pattern, maxsplit=1)[0]
-        regex = glob_regex(key_pattern)
+            info = self._head(bucket, key_pattern, pattern) if key_pattern else None
+            if info is not None:
+                return [info]
+            # No such object: a "directory" (a layout named by its prefix) lists what is under it.
+            prefix = key_pattern.rstrip("/") + "/" if key_pattern.strip("/") else ""
+            regex = re.compile(re.escape(prefix) + ".*")
+        else:
+            prefix = re.split(r"[*?\[]", key_pattern, maxsplit=1)[0]
+            regex = glob_regex(key_pattern)
         found: list[ObjectInfo] = []
         token: str | None = None
         while True:

@@ -27,7 +27,13 @@ from tokenfeed.server.settings.configread import (
 )
 from tokenfeed.server.settings.jobspec import JobSpec, PhaseSpec, check_job_name
 from tokenfeed.server.settings.options import file_only, option_of, options_of
-from tokenfeed.server.settings.sourcespec import DatasetSpec, SourceSpec
+from tokenfeed.server.settings.sourcespec import (
+    CONFIG_FORMATS,
+    MEMBER_FORMATS,
+    SPLIT_FORMATS,
+    DatasetSpec,
+    SourceSpec,
+)
 from tokenfeed.server.settings.specread import (
     SpecReader,
     defaults_for,
@@ -171,7 +177,24 @@ def _source(raw: object, where: str, base: Path, default_field: str) -> SourceSp
             f"{s.path('text_field')}: a Megatron source has no text field, got "
             f"{spec.text_field!r} for {spec.pattern!r}"
         )
+    _layout_keys(s, spec)
     return spec
+
+
+def _layout_keys(s: Section, spec: SourceSpec) -> None:
+    """The layouts' own keys (member, split, config) only where a layout reads them."""
+    fmt = spec.format
+    for key, formats in (
+        ("member", MEMBER_FORMATS),
+        ("split", SPLIT_FORMATS),
+        ("config", CONFIG_FORMATS),
+    ):
+        if s.has(key) and (fmt not in formats or (fmt == "auto" and (spec.jsonl or spec.megatron))):
+            named = [f for f in formats if f != "auto"]
+            raise ConfigError(
+                f"{s.path(key)}: applies to format {' or '.join(named)} sources only, got "
+                f"{s.get(key)!r} for {spec.pattern!r} (format {fmt})"
+            )
 
 
 def _weights(

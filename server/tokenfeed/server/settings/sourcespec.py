@@ -20,7 +20,12 @@ log = logging.getLogger(__name__)
 
 # Names `format: auto` reads as JSON Lines (chunks.py reads the same suffixes).
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-FORMATS = ("auto", "jsonl", "parquet", "megatron")
+FORMATS = ("auto", "jsonl", "parquet", "megatron", "mds", "hf", "arrow", "webdataset")
+# Formats read through a layout (chunks.py, layouts.py) and the keys that only they take.
+TOKEN_FORMATS = ("auto", "parquet", "mds", "hf", "arrow")  # where token_field applies
+SPLIT_FORMATS = ("auto", "hf", "arrow")  # a Hub repository or a save_to_disk DatasetDict
+MEMBER_FORMATS = ("auto", "webdataset")
+CONFIG_FORMATS = ("auto", "hf")
 TOKENIZER_BACKENDS = ("auto", "hf", "tiktoken")
 # Under this, per-chunk costs outweigh the bytes read (bench/smallobjects.py, bench/store.py).
 SMALL_CHUNK_BYTES = 2**20
@@ -35,15 +40,20 @@ class SourceSpec:
             Text(),
             key="path",
             read=PATH,
-            doc="a glob or path of source objects, local or `s3://` (`**` crosses directories)",
+            doc="a glob or path of source objects, local or `s3://` (`**` crosses directories); "
+            "a directory (or an object-storage prefix that names no object) is every object "
+            "under it, as `<dir>/**`",
         )
     )
     format: str = field(
         default="auto",
         metadata=option(
             Text(FORMATS),
-            doc="`auto` reads the name: `.jsonl`/`.json`/`.ndjson` (+ `.gz`/`.zst`), `.parquet`, "
-            "`.idx` (Megatron, [pre-tokenized](pretokenized.md))",
+            doc="`auto` reads the name or layout: `.jsonl`/`.json`/`.ndjson` (+ `.gz`/`.zst`), "
+            "`.parquet`, `.idx` (Megatron, [pre-tokenized](pretokenized.md)), an MDS "
+            "`index.json` (version 2), a `save_to_disk` directory (`state.json` + `.arrow`), "
+            "`.tar`/`.tar.gz`/`.tgz` (WebDataset); `hf` (a Hub repository's layout) is named, "
+            "never guessed ([bring your data](bring-your-data.md))",
         ),
     )
     text_field: str = field(
@@ -56,19 +66,58 @@ class SourceSpec:
         default=None,
         metadata=option(
             OptionalText(),
-            doc="Parquet only: a `list<int>` column of token ids, read instead of text (no "
-            "tokenizer; [pre-tokenized](pretokenized.md)); refused on JSON Lines and Megatron "
-            "sources and beside the source's own `text_field`",
+            doc="Parquet, MDS, Arrow and Hub layouts: a column of token ids (`list<int>`, or an "
+            "integer MDS `ndarray`) read instead of text (no tokenizer; "
+            "[pre-tokenized](pretokenized.md)); refused on JSON Lines, tar and Megatron sources "
+            "and beside the source's own `text_field`",
+        ),
+    )
+    member: str = field(
+        default="txt",
+        metadata=option(
+            Text(),
+            doc="WebDataset: the member, by its extension, that holds a sample's text (`json`: "
+            "the `text_field` of that JSON member)",
+            why="txt: the member webdataset's own writers use for text",
+        ),
+    )
+    split: str = field(
+        default="train",
+        metadata=option(
+            Text(),
+            doc="a Hub repository (`hf`) or a `save_to_disk` DatasetDict: the split read",
+            why="train: what pre-training reads",
+        ),
+    )
+    config: str | None = field(
+        default=None,
+        metadata=option(
+            OptionalText(),
+            doc="a Hub repository (`hf`): the config read (none: the README's default config, "
+            "else `default`)",
+            why="none: the repository's own default",
         ),
     )
 
     def __post_init__(self) -> None:
         validate(self)
-        if self.token_field is not None and (self.megatron or self.jsonl):
-            kind = "Megatron datasets hold token ids already" if self.megatron else "not JSON Lines"
+        if self.token_field is not None and (
+            self.megatron or self.jsonl or self.tar or self.format not in TOKEN_FORMATS
+        ):
+            kind = (
+                "Megatron datasets hold token ids already"
+                if self.megatron
+                else "not tar members"
+                if self.tar
+                else "not JSON Lines"
+            )
             raise ConfigError(
-                f"token_field: applies to Parquet sources only ({kind}), "
-                f"got {self.token_field!r} for {self.pattern!r}"
+                f"token_field: applies to Parquet sources only (and the MDS, Arrow and Hub "
+                f"layouts; {kind}), got {self.token_field!r} for {self.pattern!r}"
+            )
+        if self.member.startswith(".") or "/" in self.member:
+            raise ConfigError(
+                f"member: expected a member's extension such as txt or json, got {self.member!r}"
             )
 
     # A pattern whose name does not tell the format (and `format: auto`) is checked per object
@@ -83,6 +132,13 @@ class SourceSpec:
         """JSON Lines, by `format` or by the pattern's name."""
         return self.format == "jsonl" or (
             self.format == "auto" and self._name.endswith(JSONL_SUFFIXES)
+        )
+
+    @property
+    def tar(self) -> bool:
+        """WebDataset tar shards, by `format` or by the pattern's name."""
+        return self.format == "webdataset" or (
+            self.format == "auto" and self._name.endswith((".tar", ".tgz"))
         )
 
     @property

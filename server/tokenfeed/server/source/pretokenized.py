@@ -5,7 +5,8 @@
   sequences) and one of the `.bin` (their tokens, back to back), after one read of the header
   per `.idx` and process. Each sequence is a document.
 - Parquet columns of token-id lists (`token_field`): one row group per chunk, one row per
-  document.
+  document; likewise Arrow stream files' `list<int>` columns (arrowfiles.py) by record batches.
+- MDS integer `ndarray` columns (`token_field`, mds.py): one sample per document.
 
 The packer ends every document with EOS (packing.py). A document whose last id already is the
 tokenizer's EOS (Megatron's `--append-eod`, or `input_ids` tokenized with EOS) has that id
@@ -22,20 +23,22 @@ located as a chunk of its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.objects import ObjectBackend
-from tokenfeed.server.source.chunks import Chunk, is_token_list
+from tokenfeed.server.source import arrowfiles, mdscolumns
+from tokenfeed.server.source.chunk import Chunk
+from tokenfeed.server.source.columns import is_token_list, token_records
 from tokenfeed.server.source.megatron import megatron_header
 from tokenfeed.server.source.provenance import DataStart, PartStart
 from tokenfeed.server.source.readers import BadRecord, read_parts
+from tokenfeed.server.source.records import TokenRecords
 
 
 class Vocabulary(Protocol):
@@ -49,7 +52,7 @@ class Vocabulary(Protocol):
     def dtype(self) -> np.dtype: ...
 
 
-KINDS: tuple[str, ...] = ("megatron", "parquet-tokens")
+KINDS: tuple[str, ...] = ("megatron", "parquet-tokens", "mds-tokens", "arrow-tokens")
 REASONS = ("missing_field", "empty", "null_token", "token_out_of_range")
 
 # One header read per .idx (and version: ObjectInfo is part of the key) per process, not per
@@ -70,17 +73,6 @@ class PretokenizedChunk:
     data_start: DataStart = 0
 
 
-@dataclass
-class _Records:
-    """A chunk's records as read: ids back to back, with what the reader already refused."""
-
-    ids: np.ndarray  # in the source's dtype
-    lengths: np.ndarray  # int64, per record
-    first: int  # global index of record 0 (document or row), for locations
-    where: str  # "<uri> document" or "<uri> row"
-    refused: dict[int, BadRecord] = field(default_factory=dict)  # record -> why
-
-
 def read_chunk(store: ObjectBackend, chunk: Chunk, tokenizer: Vocabulary) -> PretokenizedChunk:
     """The documents of a pre-tokenized chunk; `store` serves `chunk.source` (and its .bin), and
     each part's of a group, whose documents are its parts' one after another."""
@@ -90,12 +82,16 @@ def read_chunk(store: ObjectBackend, chunk: Chunk, tokenizer: Vocabulary) -> Pre
         records = _read_megatron(store, chunk)
     elif chunk.kind == "parquet-tokens":
         records = _read_parquet_tokens(store, chunk)
+    elif chunk.kind == "mds-tokens":
+        records = mdscolumns.read_tokens(store, chunk)
+    elif chunk.kind == "arrow-tokens":
+        records = arrowfiles.read_tokens(store, chunk)
     else:
         raise ValueError(f"{chunk.describe()}: not a pre-tokenized chunk ({chunk.kind})")
     return _checked(records, tokenizer)
 
 
-def _read_megatron(store: ObjectBackend, chunk: Chunk) -> _Records:
+def _read_megatron(store: ObjectBackend, chunk: Chunk) -> TokenRecords:
     idx, data = chunk.source, chunk.companion
     if data is None:
         raise ValueError(f"{chunk.describe()}: a Megatron chunk without its .bin")
@@ -133,10 +129,10 @@ def _read_megatron(store: ObjectBackend, chunk: Chunk) -> _Records:
     if len(raw) != hi - lo:
         raise SourceError(f"{data.uri}: short read of bytes {lo}-{hi}")
     ids = np.frombuffer(raw, dtype=header.dtype.newbyteorder("<"))
-    return _Records(ids, lengths, a, f"{idx.uri} document")
+    return TokenRecords(ids, lengths, a, f"{idx.uri} document")
 
 
-def _read_parquet_tokens(store: ObjectBackend, chunk: Chunk) -> _Records:
+def _read_parquet_tokens(store: ObjectBackend, chunk: Chunk) -> TokenRecords:
     try:
         with store.open(chunk.source) as f:
             table = pq.ParquetFile(f).read_row_group(chunk.row_group, columns=[chunk.text_field])
@@ -148,31 +144,10 @@ def _read_parquet_tokens(store: ObjectBackend, chunk: Chunk) -> _Records:
             f"{chunk.describe()}: column {chunk.text_field!r} is {column.type}, "
             "expected a list of integer token ids"
         )
-    where = f"{chunk.source.uri} row"
-    lengths = pc.list_value_length(column).fill_null(0).to_numpy().astype(np.int64)
-    values = column.flatten()  # null lists contribute nothing; slicing offsets are applied
-    refused = {
-        int(r): BadRecord(
-            "missing_field", f"{where} {chunk.start + r}", f"{chunk.text_field!r} is null"
-        )
-        for r in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
-    }
-    if values.null_count:
-        ends = np.cumsum(lengths)
-        nulls = np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))
-        for p in nulls[::-1]:  # reversed: the first null of each record is the one kept
-            r = int(np.searchsorted(ends, p, side="right"))
-            refused[r] = BadRecord(
-                "null_token",
-                f"{where} {chunk.start + r}",
-                f"null at position {p - (ends[r] - lengths[r])}",
-            )
-        values = values.fill_null(0)
-    ids = values.to_numpy(zero_copy_only=False)
-    return _Records(ids, lengths, chunk.start, where, refused)
+    return token_records(column, chunk.start, f"{chunk.source.uri} row", chunk.text_field)
 
 
-def _checked(rec: _Records, tokenizer: Vocabulary) -> PretokenizedChunk:
+def _checked(rec: TokenRecords, tokenizer: Vocabulary) -> PretokenizedChunk:
     """Ids checked against the vocabulary, trailing EOS dropped, bad records set aside."""
     ids, lengths, vocab = rec.ids, rec.lengths, tokenizer.vocab_size
     ends = np.cumsum(lengths)

@@ -15,7 +15,6 @@ import gzip
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TypeVar
 
@@ -26,8 +25,10 @@ import zstandard
 from tokenfeed.server.errors import SourceError, StoreCorruptError
 from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.source import arrowfiles, mdscolumns, wds
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.source.provenance import DataStart, PartStart, Provenance
+from tokenfeed.server.source.records import BadRecord, ChunkDocuments, gather
 
 REASONS = (
     "invalid_utf8",
@@ -41,27 +42,6 @@ REASONS = (
 _BLOCK = 4 * 2**20
 _TAIL_READ = 64 * 2**10
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class BadRecord:
-    reason: str
-    location: str
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.location}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
-
-
-@dataclass
-class ChunkDocuments:
-    texts: list[str]
-    bad: list[BadRecord]
-    records: int
-    record_ids: list[int]  # per text: its index among the chunk's records (good or bad)
-    # JSON Lines: byte offset of the chunk's first record in the (decompressed) object, from
-    # which `line_number` finds line numbers when they are asked for; a group: per part
-    data_start: DataStart = 0
 
 
 def _line_range(store: ObjectBackend, chunk: Chunk) -> tuple[bytes, int]:
@@ -211,7 +191,8 @@ def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int
 def locate_record(
     storage: ObjectStorage, chunk: Chunk, provenance: Provenance, record: int
 ) -> tuple[str, str]:
-    """(object URI, "line N" | "row N" | "document N") of the chunk's `record`-th record, for a
+    """(object URI, "line N" | "row N" | "document N" | "sample N") of the chunk's `record`-th
+    record (a tar sample's also names its key: "sample N (KEY)"), for a
     simple chunk or a group alike. `provenance` is `TokenStore.provenance(key)` of the chunk's
     key; `record` a record id from it (`provenance.record_ids[doc]` for document `doc`), counted
     across a group's parts. Lines count from 1; rows and Megatron documents from 0, across the
@@ -237,6 +218,13 @@ def locate_record(
         return uri, f"row {part.start + record}"
     if part.kind == "megatron":  # one document per sequence, counted from 0 like Megatron
         return uri, f"document {part.start + record}"
+    if part.kind in ("mds", "mds-tokens"):
+        return uri, f"sample {part.start + record}"
+    if part.kind in ("arrow", "arrow-tokens"):
+        return uri, f"row {part.first_record + record}"
+    if part.kind in ("tar", "tar.gz"):
+        key = wds.sample_key(storage.for_uri(uri), part, record)
+        return uri, f"sample {max(part.first_record, 0) + record}" + (f" ({key})" if key else "")
     return uri, f"line {line_number(storage.for_uri(uri), part, data_start, record)}"
 
 
@@ -292,7 +280,18 @@ def read_documents(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
         return _joined(read_parts(store, chunk, read_documents))
     if chunk.kind == "parquet":
         return _read_parquet(store, chunk)
+    if chunk.kind in _LAYOUT_TEXTS:
+        return gather(_LAYOUT_TEXTS[chunk.kind](store, chunk))
     return _read_jsonl(store, chunk)
+
+
+# Text kinds whose module reads a chunk's records (each a text or a bad record), in order.
+_LAYOUT_TEXTS = {
+    "mds": mdscolumns.read_texts,
+    "arrow": arrowfiles.read_texts,
+    "tar": wds.read_texts,
+    "tar.gz": wds.read_texts,
+}
 
 
 def read_pieces(
@@ -305,7 +304,7 @@ def read_pieces(
     the first piece is asked for; plain and compressed JSON Lines are then parsed piece by
     piece, while Parquet and groups are parsed here too (Arrow, and parallel reads of the
     parts, are fast at that)."""
-    if chunk.parts or chunk.kind == "parquet":
+    if chunk.parts or chunk.kind == "parquet" or chunk.kind in _LAYOUT_TEXTS:
         whole = read_documents(store, chunk)
         texts, whole.texts = whole.texts, []
         n = docs_per_piece

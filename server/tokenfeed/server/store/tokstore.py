@@ -38,6 +38,7 @@ from tokenfeed.server.store.chunkfiles import (
     manifest_data_start,
     parse_manifest,
 )
+from tokenfeed.server.store.shardfiles import ShardIndexFiles
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class TokenStore:
         manifests, bodies = self._scan() if scan else ([], [])
         self.cache.register(Kind("manifest", lambda: manifests, self._delete_all, False))
         self.cache.register(Kind("chunk", lambda: bodies, self._delete_body))
+        # Tar and Arrow shards' indexes, built once per shard version (source/shardindex.py).
+        self.shard_indexes = ShardIndexFiles(self.cache, scan)
 
     def _paths(self, key: str) -> tuple[Path, Path, Path, Path]:
         d = self.root / key[:2]
