@@ -157,6 +157,7 @@ def status(
                 "ranks": [
                     {"rank": r, "world_size": w, "step": s, "seen": t} for (r, w), (s, t) in ranks
                 ],
+                "plan": _plan(job),
             }
         )
     if cache is not None:
@@ -168,6 +169,38 @@ def status(
         }
     out["events"] = [{"time": t, "level": lvl, "message": m} for t, lvl, m in events.events]
     return out
+
+
+def _plan(job: Job) -> dict:
+    """The data plan in force and what each dataset gave the steps before the furthest one
+    asked for (jobs/jobplan.py)."""
+    plans = job.plans
+    plan, chain = plans.plan, job.chain()
+    step = max(job.progress.furthest + 1, 0)
+    used = plans.consumed(step)
+    keeper = plans.keeper
+    return {
+        "version": plans.version,
+        "horizon": plans.horizon,
+        "served": plans.served,
+        "log": keeper.where if keeper is not None else "",
+        "phase": used.phase,
+        "phases": [
+            {
+                "start_step": p.start_step,
+                "global_batch_size": p.global_batch_size,
+                "seq_len": p.seq_len,
+                "weights": {n: str(w) for n, w in zip(plan.names, p.weights, strict=False)},
+                "fingerprint": chain[k][1] if chain else "",
+            }
+            for k, p in enumerate(plan.phases)
+        ],
+        "consumed_before_step": step,
+        "consumed": [
+            {"dataset": n, "rows": r, "tokens": t}
+            for n, r, t in zip(plan.names, used.rows, used.tokens, strict=True)
+        ],
+    }
 
 
 def _mib(n: int) -> str:
@@ -225,6 +258,7 @@ def render(s: dict) -> str:
         if j["error"]:
             parts.append(f"<tr><th>error</th><td class='failed'>{e(j['error'])}</td></tr>")
         parts.append("</table>")
+        parts.append(_render_plan(j["plan"]))
         if j["ranks"]:
             parts.append(
                 "<table><tr><th>rank</th><th>world size</th><th>latest step</th>"
@@ -261,6 +295,34 @@ def render(s: dict) -> str:
         parts.append("<p>none</p>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _render_plan(p: dict) -> str:
+    e = html.escape
+    out = [
+        f"<table id='plan'><tr><th>data plan</th><td>version {p['version']}, frozen through "
+        f"step {p['horizon']}, phase {p['phase']} in force; log {e(p['log'])}</td></tr></table>",
+        "<table><tr><th>from step</th><th>batch</th><th>seq_len</th><th>weights</th>"
+        "<th>fingerprint</th></tr>",
+    ]
+    for k, ph in enumerate(p["phases"]):
+        mark = " class='ready'" if k == p["phase"] else ""
+        weights = ", ".join(f"{e(n)} {e(w)}" for n, w in ph["weights"].items())
+        out.append(
+            f"<tr{mark}><td>{ph['start_step']}</td><td>{ph['global_batch_size']}</td>"
+            f"<td>{ph['seq_len']}</td><td>{weights}</td>"
+            f"<td><code>{e(ph['fingerprint'][:12])}</code></td></tr>"
+        )
+    out.append(
+        f"</table><table><tr><th>dataset</th><th>rows before step "
+        f"{p['consumed_before_step']}</th><th>row tokens</th></tr>"
+    )
+    out += [
+        f"<tr><td>{e(c['dataset'])}</td><td>{c['rows']:,}</td><td>{c['tokens']:,}</td></tr>"
+        for c in p["consumed"]
+    ]
+    out.append("</table>")
+    return "".join(out)
 
 
 class StatusServer:
