@@ -11,7 +11,7 @@ from concurrent import futures
 
 import grpc
 import pytest
-from support import metric, scrape
+from support import ServerProcess, job_spec, metric, scrape, write_config
 from tokenfeed.client import AsyncClient, Client
 from tokenfeed.client.waits import METADATA_KEY
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -57,6 +57,20 @@ class SlowFront(pb_grpc.TokenFeedServicer):
         self._channel.close()
 
 
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-workers"])
+def server(request, tmp_path_factory, corpus):
+    """One server with job `main` and a metrics port; with 2 serving workers, the supervisor
+    sums their wait metrics (serve/workers.py WORKER_METRICS)."""
+    tmp = tmp_path_factory.mktemp("waits")
+    jobs = {"main": job_spec([corpus / "*"])}
+    extra = {"workers": request.param} if request.param > 1 else {}
+    cfg = write_config(tmp / "tf.yaml", jobs, tmp / "cache", metrics_listen="127.0.0.1:0", **extra)
+    proc = ServerProcess(cfg, tmp / "server.log")
+    assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
 def waits(server) -> tuple[float, float, float]:
     """(waited seconds, reported seconds, waits) of job main, from a real scrape."""
     samples = scrape(server.metrics)
@@ -65,6 +79,17 @@ def waits(server) -> tuple[float, float, float]:
         metric(samples, "tokenfeed_trainer_reported_seconds_total", tokenfeed_job="main"),
         metric(samples, "tokenfeed_trainer_wait_seconds_count", tokenfeed_job="main"),
     )
+
+
+def waits_since(server, before, count: int) -> tuple[float, float, float]:
+    """What was reported since `before`, once `count` waits are in (workers send their
+    counters to the supervisor every second)."""
+    deadline = time.monotonic() + 10
+    while True:
+        delta = tuple(a - b for a, b in zip(waits(server), before, strict=True))
+        if delta[2] >= count or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.2)
 
 
 def test_reported_wait_matches_what_the_trainer_measured(server):
@@ -89,8 +114,7 @@ def test_reported_wait_matches_what_the_trainer_measured(server):
             wall = asked - started
     finally:
         front.stop()
-    after = waits(server)
-    waited, reported, count = (a - b for a, b in zip(after, before, strict=True))
+    waited, reported, count = waits_since(server, before, steps)
     print(
         f"\ndata wait: trainer measured {measured:.3f} s of {wall:.3f} s "
         f"({measured / wall:.1%}); server reported {waited:.3f} s of {reported:.3f} s "
@@ -109,7 +133,7 @@ def test_a_fast_feed_reports_next_to_no_wait(server):
         for _ in batches:
             time.sleep(0.02)  # slower than the server: batches are always waiting
         c.get_batch(30, rank=0, world_size=4)
-    waited, reported, count = (a - b for a, b in zip(waits(server), before, strict=True))
+    waited, reported, count = waits_since(server, before, 30)
     assert count == 30 and reported > 0.5
     assert waited / reported < 0.1, (waited, reported)
 
@@ -122,7 +146,12 @@ def test_a_malformed_report_is_counted_and_the_batch_served(server):
         request = pb.GetBatchRequest(job="main", step=3, rank=0, world_size=1)
         msg = stub.GetBatch(request, metadata=((METADATA_KEY, "e=1;w=oops"),))
     assert msg.step == 3
-    assert metric(scrape(server.metrics), name, outcome="malformed") == bad + 1
+    deadline = time.monotonic() + 10
+    while (now := metric(scrape(server.metrics), name, outcome="malformed")) == bad:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert now == bad + 1
 
 
 @pytest.mark.parametrize("warm", [True, False])
