@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import grpc
@@ -169,7 +169,7 @@ class Client(ClientBase):
         *,
         job: str | None = None,
         prefetch: int | None = None,
-    ) -> Iterator[Batch]:
+    ) -> Generator[Batch, None, None]:
         """Steps [start_step, end_step) in order (end None: until the caller stops)."""
         name, depth = self._job(job), prefetch or self.prefetch
         step = start_step
