@@ -2,7 +2,7 @@
 another data-parallel size against the uninterrupted run.
 
 One scenario per framework (tests/integration/test_trainer_<name>.py), four runs of a worker
-script (tests/trainer_workers/<name>.py), two at a time:
+script (tests/trainer_workers/run_<name>.py), two at a time:
 
     ref: 1 process, steps [0, STEPS), a checkpoint at step RESUME (the uninterrupted run)
     a:   2 processes, steps [0, RESUME), a checkpoint at RESUME
@@ -118,8 +118,8 @@ def _wait(groups: list[tuple[Run, list]], tmp: Path, timeout: float) -> dict[str
 
 
 def scenario(name: str, address: str, job: str, tmp: Path, timeout: float = 240) -> dict:
-    """The four runs of `tests/trainer_workers/<name>.py`; {run: [per-rank records]}."""
-    script = WORKERS / f"{name}.py"
+    """The four runs of `tests/trainer_workers/run_<name>.py`; {run: [per-rank records]}."""
+    script = WORKERS / f"run_{name}.py"  # (not named after the framework it imports)
     ref = Run("ref", 1, 0, STEPS, tmp / "ref.ckpt", None)
     a = Run("a", 2, 0, RESUME, tmp / "a.ckpt", None)
     b = Run("b", 1, RESUME, STEPS, tmp / "b.ckpt", a.ckpt_out)
