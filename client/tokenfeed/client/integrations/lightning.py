@@ -12,12 +12,14 @@ step is one rank batch: a dict of `input_ids`, `labels` (int64, pre-shifted, -10
 trained on), `position_ids`, `segment_ids`, `loss_mask`. `state_dict` (the global FeedState)
 is saved by Lightning in every checkpoint under the DataModule's class name, and
 `load_state_dict` resumes there at any world size, warming the resume step while Lightning
-restores the model and optimizer. Give the DataLoader no workers: the client reads ahead.
+restores the model and optimizer. The state counts the batches that reached the training step
+(Lightning fetches one ahead). The DataLoader has no workers: the client reads ahead.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,12 +43,13 @@ def _datamodule_class() -> type:
     from torch.utils.data import DataLoader, IterableDataset
 
     class _Batches(IterableDataset):
-        def __init__(self, feed: RankFeed):
+        def __init__(self, feed: RankFeed, handed: deque[int]):
             super().__init__()
-            self.feed = feed
+            self.feed, self.handed = feed, handed
 
         def __iter__(self) -> Iterator[dict[str, Any]]:
             for batch in self.feed.batches():
+                self.handed.append(batch.step)
                 yield torch_batch(batch)
 
     class TokenFeedDataModule(pl.LightningDataModule):
@@ -55,6 +58,11 @@ def _datamodule_class() -> type:
             self.client, self.job = client, job
             self.feed: RankFeed | None = None
             self._restored: FeedState | None = None
+            # Lightning's fetcher reads a batch ahead of the one training: the state counts
+            # the batches that reached the training step (on_before_batch_transfer), not
+            # those handed to the fetcher, or a resume would skip one.
+            self._handed: deque[int] = deque()
+            self._trained: int | None = None
 
         def setup(self, stage: str) -> None:
             if self.feed is None:
@@ -67,15 +75,27 @@ def _datamodule_class() -> type:
         def train_dataloader(self) -> DataLoader:
             if self.feed is None:
                 raise RuntimeError("train_dataloader() before setup(): Lightning calls setup first")
-            return DataLoader(_Batches(self.feed), batch_size=None, num_workers=0)
+            self._handed.clear()
+            return DataLoader(_Batches(self.feed, self._handed), batch_size=None, num_workers=0)
+
+        def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            if self.trainer is not None and self.trainer.training and self._handed:
+                self._trained = self._handed.popleft() + 1
+            return batch
 
         def state_dict(self) -> dict[str, Any]:
-            return self.feed.state_dict() if self.feed is not None else {}
+            if self.feed is None:
+                return {}
+            state = self.feed.state()
+            if self._trained is not None:
+                state = FeedState(self._trained, state.job, state.job_fingerprint)
+            return state.to_dict()
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
             if not state_dict:
                 return
             state = FeedState.from_dict(state_dict)
+            self._trained = state.next_step
             if self.feed is not None:
                 self.feed.restore(state)
             else:  # restored before setup: applied there
