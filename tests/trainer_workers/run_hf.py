@@ -9,7 +9,7 @@ import torch
 from common import LR, Record, args, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.hf import TokenFeedTrainer
-from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
 
 class RecordingTrainer(TokenFeedTrainer):
@@ -68,16 +68,11 @@ def main() -> None:
     feed.close()
 
 
-class _ResumedAt:
+class _ResumedAt(TrainerCallback):
     """Notes the step the Trainer restored from the checkpoint, at train begin."""
 
     def __init__(self, record: Record):
         self.record = record
-
-    def __getattr__(self, name):  # every other callback event: nothing to do
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.record.resumed_at = state.global_step
