@@ -56,14 +56,19 @@ class Run:
     ckpt_in: Path | None  # what it resumes from
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """Distinct free ports (held together while picked, so two runs never get the same)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def _launch(script: Path, run: Run, address: str, job: str, tmp: Path) -> list:
-    port = _free_port()
+def _launch(script: Path, run: Run, address: str, job: str, tmp: Path, port: int) -> list:
     procs = []
     for rank in range(run.world):
         args = {
@@ -126,7 +131,11 @@ def scenario(name: str, address: str, job: str, tmp: Path, timeout: float = 240)
     c = Run("c", 2, RESUME, STEPS, tmp / "c.ckpt", ref.ckpt_out)
     records = {}
     for phase in ((ref, a), (b, c)):
-        groups = [(run, _launch(script, run, address, job, tmp)) for run in phase]
+        ports = _free_ports(len(phase))
+        groups = [
+            (run, _launch(script, run, address, job, tmp, port))
+            for run, port in zip(phase, ports, strict=True)
+        ]
         records.update(_wait(groups, tmp, timeout))
     return {"runs": {r.name: r for r in (ref, a, b, c)}, "records": records}
 
