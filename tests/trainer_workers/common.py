@@ -48,9 +48,10 @@ class Record:
         self.losses: list[float] = []
         self.resumed_at: int | None = None
 
-    def step(self, step: int, input_ids: torch.Tensor, labels: torch.Tensor, loss: float) -> None:
+    def step(self, step: int, input_ids, labels, loss: float) -> None:
+        """input_ids and labels: torch tensors or numpy arrays."""
         self.steps.append(int(step))
-        self.digests.append(digest(input_ids.cpu().numpy(), labels.cpu().numpy()))
+        self.digests.append(digest(np.asarray(input_ids), np.asarray(labels)))
         self.losses.append(float(loss))
 
     def write(self) -> None:
@@ -61,7 +62,3 @@ class Record:
             "resumed_at": self.resumed_at,
         }
         self.path.write_text(json.dumps(data))
-
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()

@@ -16,8 +16,9 @@ numpy arrays (`input_ids`, `labels`, `position_ids`, `segment_ids`, `loss_mask`:
 `inputs`, `targets`, `inputs_position`, `inputs_segmentation`, `targets_segmentation` under
 the names given by `names=`).
 
-`get_state()` is the global FeedState as JSON-able values, the same in every process. Grain's
-CheckpointHandler stores one file per process named after the process count
+`get_state()` is the global FeedState as JSON bytes (as Grain's DataLoader iterator gives
+its state), the same in every process. Grain's CheckpointHandler stores one file per process
+named after the process count
 (`process_{i}-of-{n}.json`) and restores only a file of the same count; after a change of the
 number of processes, `state_from(directory)` reads the state from whichever files are there
 (they agree) for `set_state`. `set_state` warms the resume step.
@@ -79,14 +80,21 @@ class TokenFeedIterator:
             return out
         return {self.names.get(k, k): v for k, v in batch.items()}
 
-    def get_state(self) -> dict[str, Any]:
-        return self.feed.state_dict()
+    def get_state(self) -> bytes:
+        """The FeedState as JSON bytes, like Grain's DataLoader iterator (what Grain's
+        CheckpointHandler and MaxText's checkpointing store)."""
+        return json.dumps(self.feed.state_dict(), sort_keys=True).encode()
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: bytes | str | Mapping[str, Any]) -> None:
+        if isinstance(state, bytes | str):
+            state = json.loads(state)
         if self._batches is not None:
             self._batches.close()
             self._batches = None
         self.feed.restore(state)
+
+    def start_prefetch(self) -> None:
+        """Grain's handler calls this after `set_state`: the resume step is already warmed."""
 
 
 def state_from(directory: str | Path) -> dict[str, Any]:
