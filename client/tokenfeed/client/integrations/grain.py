@@ -86,12 +86,11 @@ class TokenFeedIterator:
         return json.dumps(self.feed.state_dict(), sort_keys=True).encode()
 
     def set_state(self, state: bytes | str | Mapping[str, Any]) -> None:
-        if isinstance(state, bytes | str):
-            state = json.loads(state)
+        raw = json.loads(state) if isinstance(state, bytes | str) else state
         if self._batches is not None:
             self._batches.close()
             self._batches = None
-        self.feed.restore(state)
+        self.feed.restore(raw)
 
     def start_prefetch(self) -> None:
         """Grain's handler calls this after `set_state`: the resume step is already warmed."""
