@@ -202,3 +202,19 @@ def test_sync_warm_at_another_step_is_dropped(server):
         assert c.get_batch(40).fingerprint == expected  # the trainer went elsewhere
         assert not c._warm
         assert threading.active_count() < 50
+
+
+def test_sync_warm_then_get_batch_takes_the_warm_batches(server):
+    with Client(server.address, job="main") as c:
+        expected = [c.get_batch(s, 2, 4).fingerprint for s in range(50, 56)]
+    front = SlowFront(server.address)
+    try:
+        with Client(front.address, job="main") as c:
+            c.warm(50, rank=2, world_size=4, steps=3)
+            got = [c.get_batch(s, 2, 4).fingerprint for s in range(50, 56)]
+    finally:
+        front.stop()
+    assert got == expected
+    methods = [m for m, _ in front.calls]
+    # Steps 50-52 came from the one warm stream, 53-55 from unary calls.
+    assert methods.count("StreamBatches") == 1 and methods.count("GetBatch") == 3, methods
