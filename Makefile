@@ -12,7 +12,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ./client -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e ./client -e '.[dev,trainers]'
 	# MDSWriter for the tests, without the dependencies it declares (tests/formats.py says why).
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mosaicml-streaming
 	touch $(STAMP)

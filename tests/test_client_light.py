@@ -29,6 +29,35 @@ SERVER_ONLY = (
 )
 
 
+FRAMEWORKS = (
+    "torch",
+    "jax",
+    "torchtitan",
+    "megatron",
+    "transformers",
+    "accelerate",
+    "lightning",
+    "pytorch_lightning",
+    "olmo_core",
+    "grain",
+)
+
+
+def test_importing_the_trainer_adapters_imports_no_framework():
+    """Every module of tokenfeed.client.integrations imports its framework only when used."""
+    code = (
+        "import sys, pkgutil, importlib, tokenfeed.client.integrations as pkg\n"
+        "names = [m.name for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.')]\n"
+        "for n in names: importlib.import_module(n)\n"
+        "print(len(names)); print('\\n'.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    count, *loaded = out.stdout.split()
+    assert int(count) >= 8, "the adapters and their shared modules were imported"
+    leaked = sorted(m for m in loaded if m.split(".")[0] in FRAMEWORKS)
+    assert not leaked, f"the trainer adapters pulled in frameworks: {leaked}"
+
+
 def test_importing_the_client_imports_no_server_module():
     code = "import sys, tokenfeed.client; print('\\n'.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

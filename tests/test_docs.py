@@ -53,3 +53,55 @@ def test_every_config_in_bring_your_data_loads():
     for block in blocks:
         cfg = configmod.from_dict(yaml.safe_load(block))
         assert cfg.jobs and all(j.datasets[0].sources for j in cfg.jobs)
+
+
+def _python_block_under(doc: str, heading: str) -> str:
+    text = (DOCS / doc).read_text()
+    section = re.split(r"\n##+ ", text.split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[0]
+
+
+def test_trainer_snippets_run_against_a_server(server, tmp_path):
+    """docs/client.md's snippet of each trainer, as written, against a real server."""
+    import lightning.pytorch as pl
+    import pytest
+    import torch
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Sequential(torch.nn.Embedding(1024, 8), torch.nn.Linear(8, 1024))
+
+        def training_step(self, batch, batch_idx):
+            logits = self.model(batch["input_ids"])
+            return torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), batch["labels"].flatten()
+            )
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def run(heading: str) -> dict:
+        namespace = {
+            "TARGET": server.address,
+            "JOB": "main",
+            "VOCAB": 1024,
+            "OUTPUT_DIR": str(tmp_path / heading.strip("# ")),
+            "MODEL": torch.nn.Sequential(torch.nn.Embedding(1024, 8), torch.nn.Linear(8, 1024)),
+            "LIGHTNING_MODULE": Module(),
+        }
+        exec(_python_block_under("client.md", heading), namespace)  # noqa: S102 - the docs
+        return namespace
+
+    titan = run("### torchtitan")
+    assert (titan["resumed"].feed.next_step, titan["resumed"].feed.rank) == (2, 1)
+    assert titan["labels"].dtype == torch.int64
+    megatron = run("### Megatron")
+    assert megatron["micro"]["tokens"].shape == (2, 64)
+    assert megatron["micro"]["attention_mask"] is None
+    assert run("### Hugging Face")["trainer"].state.global_step == 2
+    assert run("### Lightning")["trainer"].global_step == 2
+    with pytest.raises(ModuleNotFoundError, match="olmo_core"):  # not installable (the docs)
+        run("### OLMo-core")
+    grain = run("### Grain")
+    assert grain["local"]["input_ids"].shape == (8, 64) and grain["data"].feed.next_step == 1

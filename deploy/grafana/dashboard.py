@@ -229,6 +229,45 @@ def panels() -> list[dict]:
         width=12,
     )
 
+    p.row("Trainers' data wait")
+    waited = f"sum by (tokenfeed_job) ({rate('tokenfeed_trainer_wait_seconds_sum', JOB)})"
+    reported = f"sum by (tokenfeed_job) ({rate('tokenfeed_trainer_reported_seconds_total', JOB)})"
+    p.panel(
+        ts,
+        "Share of time trainers waited for data",
+        "Seconds the trainers were blocked in get_batch / next, over the seconds they "
+        "reported (measured by the client, summed over ranks and servers). Above the "
+        "TokenfeedTrainersWaiting threshold the fleet is too small: the autoscaler adds servers.",
+        [(f"{waited} / {reported}", "{{tokenfeed_job}}")],
+        "percentunit",
+        defaults={"min": 0, "max": 1},
+    )
+    p.panel(
+        ts,
+        "Data wait per batch",
+        "Quantiles of one wait (one get_batch call or iterator next), as the trainers "
+        "measured them. A prefetched batch waits microseconds.",
+        quantiles("tokenfeed_trainer_wait_seconds", "tokenfeed_job", JOB),
+        "s",
+    )
+    p.panel(
+        ts,
+        "Waits / s and reports",
+        "Batches the trainers waited for, per second; wait reports received (malformed ones "
+        "are ignored and logged).",
+        [
+            (
+                f"sum by (tokenfeed_job) ({rate('tokenfeed_trainer_wait_seconds_count', JOB)})",
+                "waits {{tokenfeed_job}}",
+            ),
+            (
+                f"sum by (outcome) ({rate('tokenfeed_wait_reports_total')})",
+                "reports {{outcome}}",
+            ),
+        ],
+        "short",
+    )
+
     p.row("Jobs")
     p.panel(
         ts,

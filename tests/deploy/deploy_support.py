@@ -253,9 +253,14 @@ def metric_families() -> dict[str, tuple[str, ...]]:
     stored by Prometheus (which adds the TARGET_LABELS)."""
     from prometheus_client.metrics import MetricWrapperBase
     from tokenfeed.server.telemetry import metrics
+    from tokenfeed.server.telemetry.bucketed import BucketedHistogram
 
     families: dict[str, tuple[str, ...]] = {}
     for obj in vars(metrics).values():
+        if isinstance(obj, BucketedHistogram):  # a histogram whose buckets arrive counted
+            families[obj.name + "_bucket"] = (obj.label, "le")
+            families[obj.name + "_sum"] = families[obj.name + "_count"] = (obj.label,)
+            continue
         if not isinstance(obj, MetricWrapperBase):
             continue
         labels = tuple(obj._labelnames)

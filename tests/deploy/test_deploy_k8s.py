@@ -58,6 +58,7 @@ def test_the_expected_manifests_exist():
         ("fleet", "PodDisruptionBudget"),
         ("fleet", "ServiceMonitor"),
         ("fleet", "PrometheusRule"),
+        ("fleet", "HorizontalPodAutoscaler"),
     }
 
 
@@ -297,3 +298,56 @@ def _quantity(value: str) -> int:
         if value.endswith(suffix):
             return int(value[: -len(suffix)]) * factor
     return int(value)
+
+
+def _adapter_rule() -> dict:
+    config = yaml.safe_load(manifest("ConfigMap", "autoscaling")["data"]["config.yaml"])
+    (rule,) = config["externalRules"]
+    return rule
+
+
+def test_autoscaler_scales_the_fleet_on_the_adapters_wait_ratio():
+    hpa, fleet = (
+        manifest("HorizontalPodAutoscaler", "autoscaling"),
+        manifest("StatefulSet", "fleet"),
+    )
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("StatefulSet", fleet["metadata"]["name"])
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == _adapter_rule()["name"]["as"]
+    # Below the alert's threshold, so the alert means "scaling did not help".
+    (alert,) = [r for r in _alert_rules() if r["alert"] == "TokenfeedTrainersWaiting"]
+    threshold = float(alert["expr"].rsplit(">", 1)[1])
+    assert _milli(metric["external"]["target"]["value"]) < threshold
+    pdb = manifest("PodDisruptionBudget", "fleet")
+    assert hpa["spec"]["minReplicas"] > pdb["spec"]["maxUnavailable"]
+    assert hpa["spec"]["minReplicas"] <= fleet["spec"]["replicas"] < hpa["spec"]["maxReplicas"]
+    # Scale down more slowly than up: low waits are what a big enough fleet looks like.
+    behavior = hpa["spec"]["behavior"]
+    assert (
+        behavior["scaleDown"]["stabilizationWindowSeconds"]
+        > (behavior["scaleUp"]["stabilizationWindowSeconds"])
+    )
+
+
+def test_adapter_query_parses_and_names_exported_metrics(tmp_path):
+    from deploy_support import name_problems, promtool_parse
+
+    rule = _adapter_rule()
+    selector = manifest("HorizontalPodAutoscaler", "autoscaling")["spec"]["metrics"][0]
+    labels = selector["external"]["metric"]["selector"]["matchLabels"]
+    matchers = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    expr = rule["metricsQuery"].replace("<<.LabelMatchers>>", matchers)
+    assert "<<" not in expr
+    proc = promtool_parse([expr, rule["seriesQuery"]], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert name_problems(expr) == [] and name_problems(rule["seriesQuery"]) == []
+
+
+def _alert_rules() -> list[dict]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+def _milli(value: str) -> float:
+    return int(value[:-1]) / 1000 if value.endswith("m") else float(value)

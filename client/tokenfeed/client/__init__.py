@@ -19,8 +19,8 @@ from tokenfeed.client.errors import (
     JobNotFound,
     TokenfeedClientError,
     Unavailable,
+    WireError,
 )
-from tokenfeed.client.wire import WireError
 
 __all__ = [
     "AsyncClient",

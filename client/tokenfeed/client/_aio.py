@@ -1,7 +1,10 @@
-"""The asyncio client: the same calls, policy and failover as `Client`, on grpc.aio.
+"""The asyncio client: the same calls, policy (_attempts.py) and failover as `Client`, on
+grpc.aio.
 
 `iter_batches` is an async generator; a task reads the server stream ahead into a bounded
-asyncio.Queue of `prefetch` decoded batches.
+asyncio.Queue of `prefetch` decoded batches, in segments like the sync client's (_prefetch.py),
+so the trainer's wait report travels with each segment's request. `warm` starts such a task
+before the trainer asks.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
+from tokenfeed.client._attempts import Attempts, Try
+from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
-from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._session import ClientBase, channel_options
+from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
+from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import DeadlineExceeded, TokenfeedClientError, from_rpc_error
+from tokenfeed.client.errors import DeadlineExceeded
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -23,13 +29,12 @@ _END = object()
 
 
 class AsyncClient(ClientBase):
-    """`async with AsyncClient(target, job=...) as feed: batch = await feed.get_batch(step)`."""
+    """`async with AsyncClient(target, job=...) as feed: batch = await feed.get_batch(step)`
+    (options as for `Client`)."""
 
-    def __init__(self, target: str, job: str | None = None, **options):
-        """Options and credentials as for `Client` (docs/client.md)."""
-        self.credentials = Credentials.from_options(target, options)
-        super().__init__(target, job, **options)
+    def _open(self) -> None:
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.TokenFeedStub]] = {}
+        self._warm: dict[tuple[str, int, int], _Stream] = {}
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
         if addr not in self._stubs:
@@ -39,6 +44,9 @@ class AsyncClient(ClientBase):
         return self._stubs[addr][1]
 
     async def close(self) -> None:
+        for stream in self._warm.values():
+            stream.close()
+        self._warm.clear()
         channels = [c for c, _ in self._stubs.values()]
         self._stubs.clear()
         await asyncio.gather(*(c.close() for c in channels))
@@ -46,33 +54,32 @@ class AsyncClient(ClientBase):
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _unary(self, method: str, request, job: str, rank: int, timeout: float | None):
-        deadline = time.monotonic() + (timeout or self.session.policy.timeout)
-        last: TokenfeedClientError | None = None
-        for servers in self.session.rounds(job, rank, deadline):
-            if isinstance(servers, float):
-                await asyncio.sleep(servers)
+    async def _unary(
+        self,
+        method: str,
+        request: Any,
+        job: str,
+        rank: int,
+        timeout: float | None,
+        waits: bool = False,
+    ) -> tuple[str, Any]:
+        metadata = self.credentials.metadata
+        attempts = Attempts(self.session, job, rank, metadata, timeout=timeout, waits=waits)
+        for action in attempts:
+            if isinstance(action, float):
+                await asyncio.sleep(action)
                 continue
-            for addr in servers:
-                await asyncio.sleep(self.session.pause_before(addr, deadline))
-                if time.monotonic() >= deadline:
-                    break
-                try:
-                    call = getattr(self.stub(addr), method)
-                    return addr, await call(
-                        request,
-                        timeout=self.session.attempt_timeout(deadline),
-                        metadata=self.credentials.metadata(),
-                    )
-                except grpc.RpcError as e:
-                    last = from_rpc_error(e, addr)
-                    if not last.retryable:
-                        raise last from None
-                    self.session.mark_failed(addr, last)
-        raise self.session.give_up(job, last)
+            try:
+                call = getattr(self.stub(action.addr), method)
+                return action.addr, await call(
+                    request, timeout=action.timeout, metadata=action.metadata
+                )
+            except grpc.RpcError as e:
+                attempts.failed(action, e)
+        raise attempts.error()
 
     async def get_batch(
         self,
@@ -84,14 +91,59 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,
     ) -> Batch:
         name = self._job(job)
+        warmed = self._warmed(name, rank, world_size, step)
+        if warmed is not None:
+            try:
+                batch = await warmed.next()
+            except Exception:  # the warm stream failed: the call's own retries decide
+                warmed.close()
+            else:
+                if batch is not None:
+                    if warmed.step < (warmed.end or 0):
+                        self._warm.setdefault((name, rank, world_size), warmed)
+                    else:
+                        warmed.close()
+                    return batch
+        asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
-        addr, msg = await self._unary("GetBatch", request, name, rank, timeout)
-        return self.session.batch(msg, addr, expected_step=step)
+        addr, msg = await self._unary("GetBatch", request, name, rank, timeout, waits=True)
+        batch = self.session.batch(msg, addr, expected_step=step)
+        if self.session.report_waits:
+            self.session.waits(name, rank).record(time.perf_counter() - asked)
+        return batch
 
     async def describe(self, job: str | None = None) -> dict:
         name = self._job(job)
         _, info = await self._unary("DescribeJob", pb.DescribeJobRequest(job=name), name, 0, None)
         return _to_dict(info)
+
+    def warm(
+        self,
+        step: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
+        steps: int | None = None,
+    ) -> None:
+        """Start fetching steps [step, step + steps) in a task and return at once (see
+        `Client.warm`); call it from the event loop's thread."""
+        name, count = self._job(job), steps or self.prefetch
+        if count < 1:
+            raise ValueError(f"steps must be >= 1, got {count}")
+        old = self._warm.pop((name, rank, world_size), None)
+        self._warm[(name, rank, world_size)] = _Stream(
+            self, name, step, step + count, rank, world_size, count
+        )
+        if old is not None:
+            old.close()
+
+    def _warmed(self, job: str, rank: int, world: int, step: int) -> _Stream | None:
+        warmed = self._warm.pop((job, rank, world), None)
+        if warmed is not None and warmed.step != step:
+            warmed.close()
+            return None
+        return warmed
 
     async def iter_batches(
         self,
@@ -104,74 +156,135 @@ class AsyncClient(ClientBase):
         prefetch: int | None = None,
     ) -> AsyncIterator[Batch]:
         """Steps [start_step, end_step) in order, read ahead by a background task."""
-        out: asyncio.Queue = asyncio.Queue(maxsize=prefetch or self.prefetch)
-        task = asyncio.create_task(
-            self._pump(out, self._job(job), start_step, end_step, rank, world_size)
-        )
+        name, depth = self._job(job), prefetch or self.prefetch
+        step = start_step
+        warmed = self._warmed(name, rank, world_size, step)
+        stream = None
         try:
-            while (item := await out.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            task.cancel()
-
-    async def _pump(
-        self, out: asyncio.Queue, job: str, step: int, end: int | None, rank: int, world: int
-    ) -> None:
-        """Fill `out` with batches from `step` on, failing over like the sync prefetcher."""
-        try:
-            while end is None or step < end:
-                deadline = time.monotonic() + self.session.policy.timeout
-                last, before = None, step
-                for servers in self.session.rounds(job, rank, deadline):
-                    if isinstance(servers, float):
-                        await asyncio.sleep(servers)
-                        continue
-                    for addr in servers:
-                        await asyncio.sleep(self.session.pause_before(addr, deadline))
-                        step, last = await self._stream(out, addr, job, step, end, rank, world)
-                        if last is None or step > before:
-                            break
-                    if last is None or step > before:
+            if warmed is not None:
+                warm_end = warmed.end or step
+                if end_step is None or warm_end < end_step:
+                    stream = _Stream(self, name, warm_end, end_step, rank, world_size, depth)
+                while step < warm_end and (end_step is None or step < end_step):
+                    try:
+                        batch = await warmed.next()
+                    except Exception:  # the warm stream failed: a stream of our own goes on
+                        if stream is not None:
+                            stream.close()
+                        stream = None
                         break
-                if last is not None and step == before:
-                    raise self.session.give_up(job, last)
-            await out.put(_END)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # handed to the consumer, raised there
-            await out.put(e)
+                    if batch is None:
+                        break
+                    yield batch
+                    step += 1
+                warmed.close()
+            if end_step is not None and step >= end_step:
+                return
+            if stream is None:
+                stream = _Stream(self, name, step, end_step, rank, world_size, depth)
+            while (batch := await stream.next()) is not None:
+                yield batch
+        finally:
+            if warmed is not None:
+                warmed.close()
+            if stream is not None:
+                stream.close()
 
-    async def _stream(
+
+class _Stream:
+    """Steps [start, end) of one (job, rank, world size), read ahead by a task."""
+
+    def __init__(
         self,
-        out: asyncio.Queue,
-        addr: str,
+        client: AsyncClient,
         job: str,
-        step: int,
+        start: int,
         end: int | None,
         rank: int,
         world: int,
+        depth: int,
     ):
-        """(next step, None) after a clean end, or (next step, error) after a retryable one."""
-        call = self.stub(addr).StreamBatches(
-            self.session.stream_request(job, step, end, rank, world),
-            metadata=self.credentials.metadata(),
-        )
-        limit = self.session.silence_limit
+        self.client, self.session = client, client.session
+        self.job, self.rank, self.world = job, rank, world
+        self.step, self.end = start, end  # the next step handed over; the end
+        self._fetched = start  # the next step to fetch
+        self._segment = FIRST_SEGMENT
+        self._meter = self.session.waits(job, rank) if self.session.report_waits else None
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=depth)
+        self._task = asyncio.create_task(self._pump())
+
+    async def next(self) -> Batch | None:
+        """The next batch (None after the last one)."""
+        asked = time.perf_counter()
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # and again to a caller that asks once more
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        if self._meter is not None:
+            self._meter.record(time.perf_counter() - asked)
+        self.step = item.step + 1
+        return item
+
+    def close(self) -> None:
+        self._task.cancel()
+
+    def _done(self) -> bool:
+        return self.end is not None and self._fetched >= self.end
+
+    async def _pump(self) -> None:
+        """Fill the queue from the next step on, failing over like the sync prefetcher."""
         try:
-            while (msg := await asyncio.wait_for(call.read(), limit)) is not grpc.aio.EOF:
-                await out.put(self.session.batch(msg, addr, expected_step=step))
-                step = msg.step + 1
-            return step, None
-        except TimeoutError:  # silent past the limit: taken for hung (see _client.py)
+            attempts = Attempts(
+                self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
+            )
+            for action in attempts:
+                if isinstance(action, float):
+                    await asyncio.sleep(action)
+                    continue
+                before = self._fetched
+                try:
+                    await self._read(action)
+                except grpc.RpcError as e:
+                    attempts.failed(action, e, stream=True, progressed=self._fetched > before)
+                    continue
+                except TimeoutError:  # silent past the limit: taken for hung (see _prefetch)
+                    limit = self.session.silence_limit
+                    err = DeadlineExceeded(f"{action.addr} sent nothing for {limit:.1f}s")
+                    attempts.give_up_on(action.addr, err)
+                    if self._fetched > before:
+                        attempts.delivered()
+                    continue
+                if self._done():
+                    await self._queue.put(_END)
+                    return
+                attempts.delivered()  # a segment ended: the next one, from the top
+            raise attempts.error()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # handed to the consumer, raised there
+            await self._queue.put(e)
+
+    async def _read(self, action: Try) -> None:
+        end = self._fetched + self._segment
+        if self.end is not None:
+            end = min(end, self.end)
+        call = self.client.stub(action.addr).StreamBatches(
+            self.session.stream_request(self.job, self._fetched, end, self.rank, self.world),
+            metadata=action.metadata,
+        )
+        first, started = self._fetched, time.monotonic()
+        try:
+            while (msg := await asyncio.wait_for(call.read(), self.session.silence_limit)) is not (
+                grpc.aio.EOF
+            ):
+                batch = self.session.batch(msg, action.addr, expected_step=self._fetched)
+                await self._queue.put(batch)
+                self._fetched = msg.step + 1
+        except TimeoutError:
             call.cancel()
-            self.session.mark_failed(addr)
-            return step, DeadlineExceeded(f"{addr} sent nothing for {limit:.1f}s")
-        except grpc.RpcError as e:
-            err = from_rpc_error(e, addr)
-            # A stream we did not cancel was cut by the server: draining, or dying.
-            if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
-                raise err from None
-            self.session.mark_failed(addr, err)
-            return step, err
+            raise
+        if self._fetched == end:
+            target = self.client.report_seconds
+            self._segment = next_segment(end - first, time.monotonic() - started, target)

@@ -1,44 +1,40 @@
 """The synchronous client.
 
 `get_batch` is one unary call; `iter_batches` keeps up to `prefetch` decoded batches ready in a
-background thread that reads a server stream (StreamBatches), so the trainer never waits while
-the servers keep up. Both fail over along the rendezvous ranking on UNAVAILABLE or
-DEADLINE_EXCEEDED and continue from the same step: batches are a pure function of the step, so
-the sequence is the same whichever server sends it.
+background thread that reads a server stream (StreamBatches, _prefetch.py), so the trainer
+never waits while the servers keep up; `warm` starts that reading before the trainer asks
+(while it restores a checkpoint). Both fail over along the rendezvous ranking on UNAVAILABLE
+or DEADLINE_EXCEEDED and continue from the same step (the policy: _attempts.py): batches are a
+pure function of the step, so the sequence is the same whichever server sends it.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._session import ClientBase, channel_options
+from tokenfeed.client._attempts import Attempts
+from tokenfeed.client._base import ClientBase
+from tokenfeed.client._prefetch import Prefetcher, Warmed
+from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
-_END = object()
-
 
 class Client(ClientBase):
-    """`Client("host:port" | "h1:p,h2:p" | "dns:///name:port", job="name")`."""
+    """`Client("host:port" | "h1:p,h2:p" | "dns:///name:port", job="name", **typed options)`
+    (the options: `ClientBase.__init__`)."""
 
-    def __init__(self, target: str, job: str | None = None, **options):
-        """Options: timeout, attempt_timeout, prefetch, verify, backoff, max_backoff,
-        suspect_seconds, max_pushback, keepalive_seconds, keepalive_timeout_seconds;
-        credentials: tls, tls_root_certs, tls_client_cert, tls_client_key, tls_server_name,
-        token, token_file (docs/client.md)."""
-        self.credentials = Credentials.from_options(target, options)
-        super().__init__(target, job, **options)
+    def _open(self) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
-        self._streams: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
+        self._warm: dict[tuple[str, int, int], Warmed] = {}
         self._closed = False
         self._lock = threading.Lock()
         self._channel_options = channel_options(self.session.policy)
@@ -53,10 +49,11 @@ class Client(ClientBase):
             return self._stubs[addr][1]
 
     def close(self) -> None:
-        """Stop every open `iter_batches` stream and close the channels."""
+        """Stop every open `iter_batches` stream and warm start, and close the channels."""
         with self._lock:
             self._closed = True
             streams = list(self._streams)
+            self._warm.clear()
         for stream in streams:
             stream.close()
         with self._lock:
@@ -67,33 +64,70 @@ class Client(ClientBase):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unary(self, method: str, request, job: str, rank: int, timeout: float | None):
-        deadline = time.monotonic() + (timeout or self.session.policy.timeout)
-        last: TokenfeedClientError | None = None
-        for servers in self.session.rounds(job, rank, deadline):
-            if isinstance(servers, float):
-                time.sleep(servers)
+    def _unary(
+        self,
+        method: str,
+        request: Any,
+        job: str,
+        rank: int,
+        timeout: float | None,
+        waits: bool = False,
+    ) -> tuple[str, Any]:
+        metadata = self.credentials.metadata
+        attempts = Attempts(self.session, job, rank, metadata, timeout=timeout, waits=waits)
+        for action in attempts:
+            if isinstance(action, float):
+                time.sleep(action)
                 continue
-            for addr in servers:
-                time.sleep(self.session.pause_before(addr, deadline))
-                if time.monotonic() >= deadline:
-                    break
-                try:
-                    call = getattr(self.stub(addr), method)
-                    return addr, call(
-                        request,
-                        timeout=self.session.attempt_timeout(deadline),
-                        metadata=self.credentials.metadata(),
-                    )
-                except grpc.RpcError as e:
-                    last = from_rpc_error(e, addr)
-                    if not last.retryable:
-                        raise last from None
-                    self.session.mark_failed(addr, last)
-        raise self.session.give_up(job, last)
+            try:
+                call = getattr(self.stub(action.addr), method)
+                return action.addr, call(request, timeout=action.timeout, metadata=action.metadata)
+            except grpc.RpcError as e:
+                attempts.failed(action, e)
+        raise attempts.error()
+
+    def _stream(self, job: str, start: int, end: int | None, rank: int, world: int, depth: int):
+        stream = Prefetcher(self, job, start, end, rank, world, depth)
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def warm(
+        self,
+        step: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        job: str | None = None,
+        steps: int | None = None,
+    ) -> None:
+        """Start fetching steps [step, step + steps) (default: `prefetch` steps) in the
+        background and return at once: call it as soon as the resume step is known, before
+        restoring the checkpoint, and the first `get_batch(step)` or `iter_batches(step)` of
+        the same job, rank and world size takes the batches already here."""
+        name, count = self._job(job), steps or self.prefetch
+        if count < 1:
+            raise ValueError(f"steps must be >= 1, got {count}")
+        stream = self._stream(name, step, step + count, rank, world_size, count)
+        warmed = Warmed(stream, step, step + count)
+        with self._lock:
+            old = self._warm.pop((name, rank, world_size), None)
+            self._warm[(name, rank, world_size)] = warmed
+        if old is not None:
+            old.close()
+
+    def _warmed(self, job: str, rank: int, world: int, step: int) -> Warmed | None:
+        """The warm start of (job, rank, world) if it is at `step`; one at another step is
+        dropped (the trainer went elsewhere)."""
+        with self._lock:
+            warmed = self._warm.pop((job, rank, world), None)
+        if warmed is not None and warmed.next_step != step:
+            warmed.close()
+            return None
+        return warmed
 
     def get_batch(
         self,
@@ -105,9 +139,26 @@ class Client(ClientBase):
         timeout: float | None = None,
     ) -> Batch:
         name = self._job(job)
+        warmed = self._warmed(name, rank, world_size, step)
+        if warmed is not None:
+            try:
+                batch = warmed.take()  # its wait is counted by the stream
+            except Exception:  # the warm stream failed: the call's own retries decide
+                warmed.close()
+            else:
+                if warmed.exhausted:
+                    warmed.close()
+                else:
+                    with self._lock:
+                        self._warm.setdefault((name, rank, world_size), warmed)
+                return batch
+        asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
-        addr, msg = self._unary("GetBatch", request, name, rank, timeout)
-        return self.session.batch(msg, addr, expected_step=step)
+        addr, msg = self._unary("GetBatch", request, name, rank, timeout, waits=True)
+        batch = self.session.batch(msg, addr, expected_step=step)
+        if self.session.report_waits:
+            self.session.waits(name, rank).record(time.perf_counter() - asked)
+        return batch
 
     def iter_batches(
         self,
@@ -118,17 +169,38 @@ class Client(ClientBase):
         *,
         job: str | None = None,
         prefetch: int | None = None,
-    ) -> Iterator[Batch]:
+    ) -> Generator[Batch, None, None]:
         """Steps [start_step, end_step) in order (end None: until the caller stops)."""
-        stream = _Prefetcher(
-            self, self._job(job), start_step, end_step, rank, world_size, prefetch or self.prefetch
-        )
-        with self._lock:
-            self._streams.add(stream)
+        name, depth = self._job(job), prefetch or self.prefetch
+        step = start_step
+        warmed = self._warmed(name, rank, world_size, step)
+        stream = None
         try:
+            if warmed is not None:
+                # The rest streams while the warm batches are handed over.
+                if end_step is None or warmed.end < end_step:
+                    stream = self._stream(name, warmed.end, end_step, rank, world_size, depth)
+                while not warmed.exhausted and (end_step is None or step < end_step):
+                    try:
+                        batch = warmed.take()
+                    except Exception:  # the warm stream failed: a stream of our own goes on
+                        if stream is not None:
+                            stream.close()
+                        stream = None
+                        break
+                    yield batch
+                    step += 1
+                warmed.close()
+            if end_step is not None and step >= end_step:
+                return
+            if stream is None:
+                stream = self._stream(name, step, end_step, rank, world_size, depth)
             yield from stream
         finally:
-            stream.close()
+            if warmed is not None:
+                warmed.close()
+            if stream is not None:
+                stream.close()
 
     def describe(self, job: str | None = None) -> dict:
         name = self._job(job)
@@ -147,151 +219,6 @@ class Client(ClientBase):
     def list_jobs(self) -> list[dict]:
         _, resp = self._unary("ListJobs", pb.ListJobsRequest(), "", 0, None)
         return [_to_dict(j) for j in resp.jobs]
-
-
-class _Prefetcher:
-    """A thread that reads StreamBatches into a bounded queue, failing over between servers.
-
-    The bounded queue is the flow control: when the trainer falls behind, the thread stops
-    reading, HTTP/2 windows fill, and the server stops producing."""
-
-    def __init__(
-        self,
-        client: Client,
-        job: str,
-        start: int,
-        end: int | None,
-        rank: int,
-        world: int,
-        depth: int,
-    ):
-        self.client, self.session = client, client.session
-        self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._call = None
-        self._watchdog = _Watchdog(self.session.silence_limit, self._stop)
-        self._thread = threading.Thread(target=self._run, name="tokenfeed-prefetch", daemon=True)
-        self._thread.start()
-
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            try:
-                item = self.queue.get(timeout=0.1)
-            except queue.Empty:
-                if self._stop.is_set() and not self._thread.is_alive():
-                    return  # closed: what was queued has been delivered
-                continue
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            self._pump()
-            self._put(_END)
-        except BaseException as e:  # handed to the consumer, raised there
-            self._put(e)
-
-    def _pump(self) -> None:
-        while self.end is None or self.step < self.end:
-            progressed = self._one_pass()
-            if self._stop.is_set() or (self.end is not None and self.step >= self.end):
-                return
-            if not progressed:
-                raise self._failure
-
-    def _one_pass(self) -> bool:
-        """Try servers until one stream ends cleanly or fails after progress. True if any
-        batch was delivered (the deadline renews with progress)."""
-        deadline = time.monotonic() + self.session.policy.timeout
-        last: Exception | None = None
-        for servers in self.session.rounds(self.job, self.rank, deadline):
-            if isinstance(servers, float):
-                if self._stop.wait(servers):
-                    return True
-                continue
-            for addr in servers:
-                if self._stop.wait(self.session.pause_before(addr, deadline)):
-                    return True
-                before = self.step
-                try:
-                    self._stream(addr)
-                    return True
-                except grpc.RpcError as e:
-                    if self._stop.is_set():
-                        return True
-                    err = from_rpc_error(e, addr)
-                    # A stream we did not cancel was cut by the server: draining, or dying.
-                    if not (err.retryable or e.code() == grpc.StatusCode.CANCELLED):
-                        raise err from None
-                    last = err
-                    self.session.mark_failed(addr, err)
-                    if self.step > before:
-                        return True
-        self._failure = self.session.give_up(self.job, last)
-        return False
-
-    def _stream(self, addr: str) -> None:
-        request = self.session.stream_request(self.job, self.step, self.end, self.rank, self.world)
-        metadata = self.client.credentials.metadata()
-        call = self._call = self.client.stub(addr).StreamBatches(request, metadata=metadata)
-        self._watchdog.watch(call)
-        try:
-            for msg in call:
-                self._watchdog.pause()  # a full queue is the trainer's doing, not the server's
-                batch = self.session.batch(msg, addr, expected_step=self.step)
-                if not self._put(batch):
-                    return
-                self.step = msg.step + 1
-                self._watchdog.watch(call)
-        finally:
-            self._watchdog.pause()
-            call.cancel()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._call is not None:
-            self._call.cancel()
-        self._thread.join(timeout=5)
-
-
-class _Watchdog:
-    """Cancels a stream whose server has been silent for `limit` seconds while we wait on it.
-
-    A hung server keeps its connection open and sends nothing; the cancel surfaces as
-    CANCELLED in the reading thread, which fails over. One checker thread per stream: arming
-    is two assignments per message."""
-
-    def __init__(self, limit: float, stop: threading.Event):
-        self.limit, self._stop = limit, stop
-        self._call: grpc.Call | None = None
-        self._since: float | None = None
-        threading.Thread(target=self._run, name="tokenfeed-watchdog", daemon=True).start()
-
-    def watch(self, call: grpc.Call) -> None:
-        self._call, self._since = call, time.monotonic()
-
-    def pause(self) -> None:
-        self._since = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(min(self.limit / 4, 0.5)):
-            since, call = self._since, self._call
-            if since is not None and call is not None and time.monotonic() - since > self.limit:
-                self._since = None
-                call.cancel()
 
 
 def _to_dict(msg) -> dict:

@@ -22,16 +22,6 @@ import grpc
 from tokenfeed.client.fleet import parse_target
 
 Pem = str | os.PathLike[str] | bytes
-# The clients' keyword options that are credentials (docs/client.md).
-OPTIONS = (
-    "tls",
-    "tls_root_certs",
-    "tls_client_cert",
-    "tls_client_key",
-    "tls_server_name",
-    "token",
-    "token_file",
-)
 # A rotated token file is seen within this long; a stat() per second per client costs nothing.
 RELOAD_SECONDS = 1.0
 
@@ -165,11 +155,6 @@ class Credentials:
             )
             creds = grpc.composite_channel_credentials(creds, call)
         self.channel_credentials = creds
-
-    @classmethod
-    def from_options(cls, target: str, options: dict[str, Any]) -> Credentials:
-        """The credentials named in a client's keyword options, which are taken out of it."""
-        return cls(target, **{k: options.pop(k) for k in OPTIONS if k in options})
 
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
         """Per-call metadata: the token on a plaintext channel (over TLS the call credentials

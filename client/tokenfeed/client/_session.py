@@ -6,7 +6,9 @@
   of servers, an overall deadline that progress (a delivered batch) renews;
 - when to ask a server again: not before the end of the retry pushback it sent;
 - how a hung server is noticed: keepalive pings on every channel (channel_options);
-- what a batch must agree with: the first job fingerprint seen for each job.
+- what a batch must agree with: the first job fingerprint seen for each job;
+- how long each (job, rank) waited for data, not reported yet (waits.py).
+The loop that walks these decisions for one call is `_attempts.Attempts`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tokenfeed.client.batch import Batch
@@ -25,6 +27,7 @@ from tokenfeed.client.errors import (
     Unavailable,
 )
 from tokenfeed.client.fleet import Fleet
+from tokenfeed.client.waits import WaitMeters
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 CHANNEL_OPTIONS = [
@@ -81,9 +84,18 @@ class Policy:
 
 
 class Session:
-    def __init__(self, target: str, policy: Policy, refresh_seconds: float = 30.0):
-        self.fleet = Fleet(target, refresh_seconds)
+    def __init__(
+        self,
+        target: str,
+        policy: Policy,
+        refresh_seconds: float = 30.0,
+        resolver: Callable[[str], list[str]] | None = None,
+        report_waits: bool = True,
+    ):
+        self.fleet = Fleet(target, refresh_seconds, resolver)
         self.policy = policy
+        self.report_waits = report_waits
+        self.waits = WaitMeters()  # how long each (job, rank) blocked its trainer (waits.py)
         self._suspects: dict[str, float] = {}
         self._not_before: dict[str, float] = {}  # the end of each server's retry pushback
         self._fingerprints: dict[str, str] = {}
@@ -174,45 +186,3 @@ class Session:
         return pb.StreamBatchesRequest(
             job=job, start_step=step, end_step=end or 0, rank=rank, world_size=world
         )
-
-
-class ClientBase:
-    """What the sync and asyncio clients share: their options and their job."""
-
-    def __init__(
-        self,
-        target: str,
-        job: str | None = None,
-        *,
-        timeout: float = 60.0,
-        attempt_timeout: float | None = None,
-        prefetch: int = 4,
-        verify: bool = True,
-        backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        suspect_seconds: float = 10.0,
-        max_pushback: float = Policy.max_pushback,
-        keepalive_seconds: float = Policy.keepalive_seconds,
-        keepalive_timeout_seconds: float = Policy.keepalive_timeout_seconds,
-    ):
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        policy = Policy(
-            timeout=timeout,
-            attempt_timeout=attempt_timeout,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            suspect_seconds=suspect_seconds,
-            verify=verify,
-            max_pushback=max_pushback,
-            keepalive_seconds=keepalive_seconds,
-            keepalive_timeout_seconds=keepalive_timeout_seconds,
-        )
-        self.session = Session(target, policy)
-        self.target, self.job, self.prefetch = target, job, prefetch
-
-    def _job(self, job: str | None) -> str:
-        name = job or self.job
-        if not name:
-            raise ValueError(f"no job: pass job= to {type(self).__name__}(...) or to the call")
-        return name

@@ -1,51 +1,56 @@
-"""The client's exceptions, mapped back from gRPC status codes.
+"""The client's exceptions: mapped back from gRPC status codes, or raised by the client itself.
 
-TokenfeedClientError            (.code: the grpc.StatusCode, .retryable)
+TokenfeedClientError            (.code: the grpc.StatusCode, .retryable, .retry_after)
 ├── InvalidRequest              INVALID_ARGUMENT: fix the request (message says how)
 ├── JobNotFound                 NOT_FOUND
 ├── JobFailed                   FAILED_PRECONDITION: the job cannot serve (bad data, strict)
+├── JobMismatch                 FAILED_PRECONDITION: two definitions of one job (never retried)
 ├── Unavailable                 UNAVAILABLE: server down, draining, or job still indexing
-└── DeadlineExceeded            DEADLINE_EXCEEDED
+├── DeadlineExceeded            DEADLINE_EXCEEDED
+└── WireError (+ ValueError)    DATA_LOSS: a batch message that does not decode
+
+This module imports no gRPC: the wire format (wire.py, shared with the server and part of the
+pure core) raises WireError without pulling the transport in. Codes are kept by name and turned
+into grpc.StatusCode when asked for (by then the caller has grpc loaded anyway).
 """
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import grpc
 
 
 class TokenfeedClientError(Exception):
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    status = "UNKNOWN"  # the grpc.StatusCode's name
     retryable = False
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None, retry_after: float = 0.0):
         super().__init__(message)
         if code is not None:
-            self.code = code
+            self.status = code.name
         # Seconds the server asked us to wait before asking it again (its
         # grpc-retry-pushback-ms trailer, e.g. while the step's chunks are being built).
         self.retry_after = retry_after
 
+    @property
+    def code(self) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[self.status]
+
 
 class InvalidRequest(TokenfeedClientError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    status = "INVALID_ARGUMENT"
 
 
 class JobNotFound(TokenfeedClientError):
-    code = grpc.StatusCode.NOT_FOUND
+    status = "NOT_FOUND"
 
 
 class JobFailed(TokenfeedClientError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class Unavailable(TokenfeedClientError):
-    code = grpc.StatusCode.UNAVAILABLE
-    retryable = True
-
-
-class DeadlineExceeded(TokenfeedClientError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-    retryable = True
+    status = "FAILED_PRECONDITION"
 
 
 class JobMismatch(TokenfeedClientError):
@@ -53,26 +58,46 @@ class JobMismatch(TokenfeedClientError):
     the checkpoint and the servers) define the job differently. Never retried: mixing them
     would silently change the data."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    status = "FAILED_PRECONDITION"
 
 
-_BY_CODE = {
-    cls.code: cls for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable, DeadlineExceeded)
+class Unavailable(TokenfeedClientError):
+    status = "UNAVAILABLE"
+    retryable = True
+
+
+class DeadlineExceeded(TokenfeedClientError):
+    status = "DEADLINE_EXCEEDED"
+    retryable = True
+
+
+class WireError(TokenfeedClientError, ValueError):
+    """A message that does not decode: wrong sizes, unknown dtype, bad fingerprint. Also a
+    ValueError, as it was before it joined this hierarchy."""
+
+    status = "DATA_LOSS"
+
+
+_BY_STATUS: dict[str, type[TokenfeedClientError]] = {
+    cls.status: cls
+    for cls in (InvalidRequest, JobNotFound, JobFailed, Unavailable, DeadlineExceeded)
 }
 
 
-def from_rpc_error(err: grpc.RpcError, server: str = "") -> TokenfeedClientError:
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+def from_rpc_error(err: Any, server: str = "") -> TokenfeedClientError:
+    """The domain error of a grpc.RpcError (duck-typed: its code(), details() and trailers)."""
+    code = err.code() if hasattr(err, "code") else None
+    name = code.name if code is not None else "UNKNOWN"
     details = err.details() if hasattr(err, "details") else str(err)
-    cls = _BY_CODE.get(code, TokenfeedClientError)
+    cls = _BY_STATUS.get(name, TokenfeedClientError)
     where = f" (from {server})" if server else ""
-    return cls(f"{code.name}: {details}{where}", code, pushback(err))
+    return cls(f"{name}: {details}{where}", code, pushback(err))
 
 
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
-def pushback(err: grpc.RpcError) -> float:
+def pushback(err: Any) -> float:
     """The server's retry pushback in seconds (0 when it sent none, or sent garbage)."""
     trailing = getattr(err, "trailing_metadata", None)
     for key, value in (trailing() if trailing else None) or ():

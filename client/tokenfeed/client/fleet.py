@@ -13,6 +13,7 @@ import hashlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 # Status codes after which the next server in the ranking is tried. UNAVAILABLE covers a dead,
 # draining or restarting server and a dropped connection; DEADLINE_EXCEEDED a hung one.
@@ -69,10 +70,18 @@ class Fleet:
     """The current set of server addresses; DNS targets are re-resolved at most every
     `refresh_seconds`, and whenever a caller has tried every known server."""
 
-    def __init__(self, target: str, refresh_seconds: float = 30.0):
+    def __init__(
+        self,
+        target: str,
+        refresh_seconds: float = 30.0,
+        resolver: Callable[[str], list[str]] | None = None,
+    ):
         self.target = target
         self.kind, self._names = parse_target(target)
         self.refresh_seconds = refresh_seconds
+        # name:port -> host:port addresses; DNS unless the caller brings its own service
+        # discovery (a fleet that grows and shrinks in a test, a registry).
+        self._resolve = resolver or resolve
         self._lock = threading.Lock()
         self._addresses: list[str] = [] if self.kind == "dns" else list(self._names)
         self._resolved_at = -float("inf")
@@ -84,7 +93,7 @@ class Fleet:
             stale = time.monotonic() - self._resolved_at > self.refresh_seconds
             if force or stale or not self._addresses:
                 try:
-                    found = resolve(self._names[0])
+                    found = self._resolve(self._names[0])
                 except OSError:
                     found = []
                 if found:  # keep the last good answer through a DNS hiccup

@@ -150,3 +150,5 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.job_fingerprint = state.get("job_fingerprint", "")
         self._check(self.client.describe(self.job)["fingerprint"], "the server")
         self.next_step = int(state["next_step"])
+        # The resume step's batches start coming while the trainer restores the rest.
+        self.client.warm(self.next_step, self.rank, self.world_size, job=self.job)

@@ -18,6 +18,8 @@ from tokenfeed.server.serve.batchmsg import batch_message, serialized
 from tokenfeed.server.serve.describe import job_info, num_sources
 from tokenfeed.server.serve.planmsg import amendment, plan_info
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
+from tokenfeed.server.serve.waits import count as count_waits
+from tokenfeed.server.serve.waits import report_of
 from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
@@ -196,6 +198,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         job = await self._checked_job(request.job, request.step, request.rank, ws)
         plan = await self._plan(job, [request.step], request.rank, ws, context)
         [message] = await self._batches(job, plan, [request.step], request.rank, ws)
+        count_waits(job.name, report_of(context))  # the trainer's data waits (serve/waits.py)
         return message
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
@@ -209,8 +212,11 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     f"end_step {request.end_step} must be after start_step {request.start_step} "
                     "(or 0 to stream until cancelled)"
                 )
+            report = report_of(context)  # the trainer's data waits (serve/waits.py)
             async for batch in self._ahead(job, request.start_step, end, request.rank, ws, context):
                 yield batch
+                count_waits(job.name, report)  # once the first batch is delivered
+                report = None
         except asyncio.CancelledError:  # the client went away
             metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
             raise

@@ -54,6 +54,9 @@ WORKER_METRICS = (
     metrics.REQUEST_SECONDS,
     metrics.SERVED_TOKENS,
     metrics.SERVED_BYTES,
+    metrics.TRAINER_WAIT,
+    metrics.TRAINER_SECONDS,
+    metrics.WAIT_REPORTS,
 )
 
 

@@ -22,6 +22,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from tokenfeed.client import waits
+from tokenfeed.server.telemetry.bucketed import BucketedHistogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
@@ -60,6 +62,33 @@ SERVED_BYTES = Counter(
 SERVING = Gauge(
     "tokenfeed_serving",
     "1 while health is SERVING (every job's index built), 0 before that and while draining.",
+    registry=REGISTRY,
+)
+
+# ---------------------------------------------------------------- trainers' data waits
+# Measured by the client where the trainer blocks and reported with its next request
+# (tokenfeed.client.waits, serve/waits.py): the share of time trainers waited is
+# rate(tokenfeed_trainer_wait_seconds_sum) / rate(tokenfeed_trainer_reported_seconds_total),
+# the signal the alert and the autoscaler follow (deploy/).
+TRAINER_WAIT = BucketedHistogram(
+    "tokenfeed_trainer_wait_seconds",
+    "Time a trainer was blocked waiting for a batch (one get_batch call or iterator next), "
+    "measured by the client.",
+    "tokenfeed_job",
+    waits.BUCKETS,
+    REGISTRY,
+)
+TRAINER_SECONDS = Counter(
+    "tokenfeed_trainer_reported_seconds",
+    "Trainers' wall-clock seconds covered by their wait reports (the denominator of the "
+    "share of time they waited).",
+    ["tokenfeed_job"],
+    registry=REGISTRY,
+)
+WAIT_REPORTS = Counter(
+    "tokenfeed_wait_reports",
+    "Trainers' wait reports received, by outcome (counted, malformed: ignored and logged).",
+    ["outcome"],
     registry=REGISTRY,
 )
 

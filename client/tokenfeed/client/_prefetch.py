@@ -1,0 +1,213 @@
+"""The sync client's read-ahead: a thread that reads StreamBatches into a bounded queue.
+
+The bounded queue is the flow control: when the trainer falls behind, the thread stops
+reading, HTTP/2 windows fill, and the server stops producing. The stream is read in segments
+(`end_step` set about `report_seconds` ahead) so each new segment's request carries the
+trainer's wait report (waits.py) and lands on the (job, rank)'s current home server, which
+moves when the fleet grows or shrinks. Failover between servers is `Attempts`' policy.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol, cast
+
+import grpc
+from tokenfeed.client._attempts import Attempts, Try
+from tokenfeed.client._credentials import Credentials
+from tokenfeed.client._session import Session
+from tokenfeed.client.batch import Batch
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
+
+
+class StreamSource(Protocol):
+    """What a prefetcher needs of its client (_client.Client): its session, credentials,
+    stubs and how long a stream segment runs."""
+
+    session: Session
+    credentials: Credentials
+    report_seconds: float
+
+    def stub(self, addr: str) -> pb_grpc.TokenFeedStub: ...
+
+
+_END = object()
+# Steps of a stream's first segment, and the bounds of later ones (sized to last about
+# `report_seconds` at the rate the last one ran).
+FIRST_SEGMENT, MAX_SEGMENT = 16, 1 << 16
+
+
+def next_segment(steps: int, seconds: float, target: float) -> int:
+    """Steps of the next segment: `target` seconds at the rate of the last one, growing at
+    most 8-fold per segment (a fast start, e.g. warm batches, is not the trainer's pace)."""
+    rate = steps / max(seconds, 1e-6)
+    return max(FIRST_SEGMENT, min(MAX_SEGMENT, steps * 8, int(rate * target)))
+
+
+class Prefetcher:
+    """Steps [start, end) of one (job, rank, world size), read ahead by a thread."""
+
+    def __init__(
+        self,
+        client: StreamSource,
+        job: str,
+        start: int,
+        end: int | None,
+        rank: int,
+        world: int,
+        depth: int,
+    ):
+        self.client, self.session = client, client.session
+        self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._call: grpc.Call | None = None
+        self._segment = FIRST_SEGMENT
+        self._watchdog = _Watchdog(self.session.silence_limit, self._stop)
+        self._thread = threading.Thread(target=self._run, name="tokenfeed-prefetch", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Batch]:
+        meter = self.session.waits(self.job, self.rank) if self.session.report_waits else None
+        while True:
+            # What the trainer waits for: the time from asking for a batch to having it.
+            asked = time.perf_counter()
+            item = self._get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if meter is not None:
+                meter.record(time.perf_counter() - asked)
+            yield cast(Batch, item)
+
+    def _get(self) -> object:
+        while True:
+            try:
+                return self.queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set() and not self._thread.is_alive():
+                    return _END  # closed: what was queued has been delivered
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            if self._pump():
+                self._put(_END)
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(e)
+
+    def _done(self) -> bool:
+        return self._stop.is_set() or (self.end is not None and self.step >= self.end)
+
+    def _pump(self) -> bool:
+        """Stream until the end, failing over; False if stopped."""
+        attempts = Attempts(
+            self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
+        )
+        for action in attempts:
+            if isinstance(action, float):
+                if self._stop.wait(action):
+                    return False
+                continue
+            before = self.step
+            try:
+                self._stream(action)
+            except grpc.RpcError as e:
+                if self._stop.is_set():
+                    return False
+                attempts.failed(action, e, stream=True, progressed=self.step > before)
+                continue
+            if self._done():
+                return not self._stop.is_set()
+            attempts.delivered()  # a segment ended: the next one, from the top of the ranking
+        raise attempts.error()
+
+    def _stream(self, action: Try) -> None:
+        end = self.step + self._segment
+        if self.end is not None:
+            end = min(end, self.end)
+        request = self.session.stream_request(self.job, self.step, end, self.rank, self.world)
+        call = self._call = self.client.stub(action.addr).StreamBatches(
+            request, metadata=action.metadata
+        )
+        self._watchdog.watch(call)
+        first, started = self.step, time.monotonic()
+        try:
+            for msg in call:
+                self._watchdog.pause()  # a full queue is the trainer's doing, not the server's
+                batch = self.session.batch(msg, action.addr, expected_step=self.step)
+                if not self._put(batch):
+                    return
+                self.step = msg.step + 1
+                self._watchdog.watch(call)
+        finally:
+            self._watchdog.pause()
+            call.cancel()
+        if self.step == end:
+            target = self.client.report_seconds
+            self._segment = next_segment(end - first, time.monotonic() - started, target)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(timeout=5)
+
+
+class Warmed:
+    """A warm start's batches [step, end), handed to the first call that asks for `step`."""
+
+    def __init__(self, stream: Prefetcher, step: int, end: int):
+        self.stream, self.next_step, self.end = stream, step, end
+        self._batches = iter(stream)
+
+    def take(self) -> Batch:
+        batch = next(self._batches)
+        self.next_step = batch.step + 1
+        return batch
+
+    @property
+    def exhausted(self) -> bool:
+        return self.next_step >= self.end
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class _Watchdog:
+    """Cancels a stream whose server has been silent for `limit` seconds while we wait on it.
+
+    A hung server keeps its connection open and sends nothing; the cancel surfaces as
+    CANCELLED in the reading thread, which fails over. One checker thread per stream: arming
+    is two assignments per message."""
+
+    def __init__(self, limit: float, stop: threading.Event):
+        self.limit, self._stop = limit, stop
+        self._call: grpc.Call | None = None
+        self._since: float | None = None
+        threading.Thread(target=self._run, name="tokenfeed-watchdog", daemon=True).start()
+
+    def watch(self, call: grpc.Call) -> None:
+        self._call, self._since = call, time.monotonic()
+
+    def pause(self) -> None:
+        self._since = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(self.limit / 4, 0.5)):
+            since, call = self._since, self._call
+            if since is not None and call is not None and time.monotonic() - since > self.limit:
+                self._since = None
+                call.cancel()
