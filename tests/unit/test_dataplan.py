@@ -42,7 +42,7 @@ def test_an_amendment_appends_a_phase_with_what_it_leaves_out_carried_over():
     new, replaced = amend(plan, Amendment(40, weights={"b": Fraction(3)}), 10, 8, s)
     assert replaced == []
     assert [p.start_step for p in new.phases] == [0, 40]
-    assert new.phases[1].weights == (Fraction(0), Fraction(3))
+    assert new.phases[1].weights == (Fraction(1), Fraction(3))  # a's kept, as in a schedule
     assert (new.phases[1].global_batch_size, new.phases[1].seq_len) == (8, 16)
     assert new.phases[0] == plan.phases[0]
 
@@ -79,7 +79,7 @@ def test_an_amendment_may_add_a_dataset_which_earlier_phases_do_not_know():
     )
     assert plan.names == ["a", "b", "c"]
     assert [len(p.weights) for p in plan.phases] == [2, 3]
-    assert plan.phases[1].weights == (0, 0, 1)
+    assert plan.phases[1].weights == (1, 1, 1)  # a and b keep theirs, c is named
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,11 @@ def test_an_amendment_may_add_a_dataset_which_earlier_phases_do_not_know():
     [
         (Amendment(5), PlanFrozenError, "frozen"),
         (Amendment(20, weights={"zz": Fraction(1)}), RequestError, "'zz'"),
-        (Amendment(20, weights={"a": Fraction(0)}), RequestError, "positive sum"),
+        (
+            Amendment(20, weights={"a": Fraction(0), "b": Fraction(0)}),
+            RequestError,
+            "positive sum",
+        ),
         (Amendment(20, global_batch_size=7), RequestError, "multiple of batch_multiple_of 2"),
         (Amendment(20, global_batch_size=0), RequestError, ">= 1"),
         (Amendment(20, seq_len=0), RequestError, ">= 1"),

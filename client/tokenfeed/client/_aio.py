@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
+from tokenfeed.client._plans import at, chain_of, check_resume
 from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
 from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import DeadlineExceeded
+from tokenfeed.client.errors import DeadlineExceeded, PlanConflict
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -103,13 +104,93 @@ class AsyncClient(ClientBase):
                         self._warm.setdefault((name, rank, world_size), warmed)
                     else:
                         warmed.close()
-                    return batch
+                    return await self._admit(batch)
         asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = await self._unary("GetBatch", request, name, rank, timeout, waits=True)
-        batch = self.session.batch(msg, addr, expected_step=step)
+        batch = await self._admit(self.session.batch(msg, addr, expected_step=step))
         if self.session.report_waits:
             self.session.waits(name, rank).record(time.perf_counter() - asked)
+        return batch
+
+    # ---------------------------------------------------------------- the data plan
+
+    async def plan(self, *, job: str | None = None, step: int = 0) -> dict:
+        """See `Client.plan`."""
+        name = self._job(job)
+        request = pb.GetPlanRequest(job=name, step=step)
+        _, info = await self._unary("GetPlan", request, name, 0, None)
+        return _to_dict(info)
+
+    async def amend_plan(
+        self,
+        start_step: int,
+        *,
+        weights: Mapping[str, object] | None = None,
+        global_batch_size: int | None = None,
+        seq_len: int | None = None,
+        add: Sequence[Mapping[str, Any]] | None = None,
+        expected_version: int = 0,
+        job: str | None = None,
+    ) -> dict:
+        """See `Client.amend_plan`."""
+        name = self._job(job)
+        request = self._amend_request(
+            name, start_step, weights, global_batch_size, seq_len, add, expected_version
+        )
+        _, info = await self._unary("AmendPlan", request, name, 0, None)
+        return _to_dict(info)
+
+    async def check_plan(
+        self, links: Sequence[tuple[int, str]], next_step: int, *, job: str | None = None
+    ) -> None:
+        """See `Client.check_plan`."""
+        name = self._job(job)
+        info = await self.plan(job=name)
+        server = chain_of((p["start_step"], p["fingerprint"]) for p in info["phases"])
+        check_resume(name, chain_of(links), next_step, server)
+
+    async def _chains(self, job: str) -> dict[str, tuple[tuple[int, str], ...]]:
+        out = {}
+        for addr in self.session.fleet.addresses():
+            try:
+                info = await self.stub(addr).GetPlan(
+                    pb.GetPlanRequest(job=job),
+                    timeout=self.session.silence_limit,
+                    metadata=self.credentials.metadata(),
+                )
+            except grpc.RpcError:
+                continue
+            out[addr] = chain_of((p.start_step, p.fingerprint) for p in info.phases)
+        return out
+
+    async def _admit(self, batch: Batch) -> Batch:
+        """See `Client._admit`."""
+        job = batch.job
+        if self.session.plan_check_due(job, self.plan_check_seconds):
+            self.session.plans.compare(job, await self._chains(job))
+        conflict = self.session.plans.conflict(job)
+        deadline = time.monotonic() + self.session.policy.timeout
+        while conflict is not None and batch.step >= conflict[0]:
+            if time.monotonic() >= deadline:
+                raise PlanConflict(
+                    f"job {job!r}: step {batch.step} not handed over: {conflict[1]}; make the "
+                    "servers' plans agree (tokenfeed plan show/append on each), or give them "
+                    "a shared store",
+                    conflict[0],
+                )
+            await asyncio.sleep(min(1.0, self.session.policy.max_backoff))
+            chains = await self._chains(job)
+            conflict = self.session.plans.compare(job, chains)
+            if conflict is None:
+                agreed = next(iter(chains.values()), ())
+                if at(agreed, batch.step) not in (None, batch.plan_fingerprint):
+                    raise PlanConflict(
+                        f"job {job!r}: step {batch.step} came from server {batch.server} under "
+                        f"a plan the servers no longer hold ({batch.plan_fingerprint}); ask "
+                        "for it again",
+                        batch.step,
+                    )
         return batch
 
     async def describe(self, job: str | None = None) -> dict:
@@ -175,7 +256,7 @@ class AsyncClient(ClientBase):
                         break
                     if batch is None:
                         break
-                    yield batch
+                    yield await self._admit(batch)
                     step += 1
                 warmed.close()
             if end_step is not None and step >= end_step:
@@ -183,7 +264,7 @@ class AsyncClient(ClientBase):
             if stream is None:
                 stream = _Stream(self, name, step, end_step, rank, world_size, depth)
             while (batch := await stream.next()) is not None:
-                yield batch
+                yield await self._admit(batch)
         finally:
             if warmed is not None:
                 warmed.close()

@@ -13,16 +13,18 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
+from tokenfeed.client._plans import at, chain_of, check_resume
 from tokenfeed.client._prefetch import Prefetcher, Warmed
 from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
+from tokenfeed.client.errors import PlanConflict
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -155,9 +157,103 @@ class Client(ClientBase):
         asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = self._unary("GetBatch", request, name, rank, timeout, waits=True)
-        batch = self.session.batch(msg, addr, expected_step=step)
+        batch = self._admit(self.session.batch(msg, addr, expected_step=step))
         if self.session.report_waits:
             self.session.waits(name, rank).record(time.perf_counter() - asked)
+        return batch
+
+    # ---------------------------------------------------------------- the data plan
+
+    def plan(self, *, job: str | None = None, step: int = 0) -> dict:
+        """The job's data plan as a server holds it (GetPlan): its phases with their
+        fingerprints, version, frozen horizon, and what each dataset gave the steps before
+        `step` (0: before the furthest step its trainers asked for, plus one)."""
+        name = self._job(job)
+        _, info = self._unary("GetPlan", pb.GetPlanRequest(job=name, step=step), name, 0, None)
+        return _to_dict(info)
+
+    def amend_plan(
+        self,
+        start_step: int,
+        *,
+        weights: Mapping[str, object] | None = None,
+        global_batch_size: int | None = None,
+        seq_len: int | None = None,
+        add: Sequence[Mapping[str, Any]] | None = None,
+        expected_version: int = 0,
+        job: str | None = None,
+    ) -> dict:
+        """Append a phase to the job's data plan from `start_step` on (AmendPlan; an admin
+        token when the servers check tokens): what it leaves out carries over from the phase
+        before it. Through one server: with a shared store every server follows; without one,
+        `tokenfeed plan append` applies a change to each server of a target."""
+        name = self._job(job)
+        request = self._amend_request(
+            name, start_step, weights, global_batch_size, seq_len, add, expected_version
+        )
+        _, info = self._unary("AmendPlan", request, name, 0, None)
+        return _to_dict(info)
+
+    def check_plan(
+        self, links: Sequence[tuple[int, str]], next_step: int, *, job: str | None = None
+    ) -> None:
+        """A checkpoint's plan links (the phases of the steps it read, before `next_step`)
+        against a server's plan: PlanRewritten naming the first of those steps it decides
+        otherwise; an amendment of later steps is accepted."""
+        name = self._job(job)
+        info = self.plan(job=name)
+        server = chain_of((p["start_step"], p["fingerprint"]) for p in info["phases"])
+        check_resume(name, chain_of(links), next_step, server)
+
+    def plan_links(self, next_step: int, *, job: str | None = None) -> list[list]:
+        """The plan links of the steps before `next_step` this client has read, for a
+        checkpoint ([[start step, fingerprint], ...])."""
+        return [list(link) for link in self.session.plans.links(self._job(job), next_step)]
+
+    def _chains(self, job: str) -> dict[str, tuple[tuple[int, str], ...]]:
+        """Every server's plan chain (servers that do not answer are left out)."""
+        out = {}
+        for addr in self.session.fleet.addresses():
+            try:
+                info = self.stub(addr).GetPlan(
+                    pb.GetPlanRequest(job=job),
+                    timeout=self.session.silence_limit,
+                    metadata=self.credentials.metadata(),
+                )
+            except grpc.RpcError:
+                continue
+            out[addr] = chain_of((p.start_step, p.fingerprint) for p in info.phases)
+        return out
+
+    def _admit(self, batch: Batch) -> Batch:
+        """A batch handed to the trainer only if no two servers of the target hold different
+        plans for its step: compared when due (plans.py); held back while they differ, until
+        they agree (a rolling change) or the call's timeout passes (PlanConflict)."""
+        job = batch.job
+        if self.session.plan_check_due(job, self.plan_check_seconds):
+            self.session.plans.compare(job, self._chains(job))
+        conflict = self.session.plans.conflict(job)
+        deadline = time.monotonic() + self.session.policy.timeout
+        while conflict is not None and batch.step >= conflict[0]:
+            if time.monotonic() >= deadline:
+                raise PlanConflict(
+                    f"job {job!r}: step {batch.step} not handed over: {conflict[1]}; make the "
+                    "servers' plans agree (tokenfeed plan show/append on each), or give them "
+                    "a shared store",
+                    conflict[0],
+                )
+            time.sleep(min(1.0, self.session.policy.max_backoff))
+            chains = self._chains(job)
+            conflict = self.session.plans.compare(job, chains)
+            if conflict is None:
+                agreed = next(iter(chains.values()), ())
+                if at(agreed, batch.step) not in (None, batch.plan_fingerprint):
+                    raise PlanConflict(
+                        f"job {job!r}: step {batch.step} came from server {batch.server} under "
+                        f"a plan the servers no longer hold ({batch.plan_fingerprint}); ask "
+                        "for it again",
+                        batch.step,
+                    )
         return batch
 
     def iter_batches(
@@ -188,14 +284,15 @@ class Client(ClientBase):
                             stream.close()
                         stream = None
                         break
-                    yield batch
+                    yield self._admit(batch)
                     step += 1
                 warmed.close()
             if end_step is not None and step >= end_step:
                 return
             if stream is None:
                 stream = self._stream(name, step, end_step, rank, world_size, depth)
-            yield from stream
+            for batch in stream:
+                yield self._admit(batch)
         finally:
             if warmed is not None:
                 warmed.close()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from tokenfeed.client._plans import PlanWatch
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import (
     DeadlineExceeded,
@@ -100,6 +101,9 @@ class Session:
         self._not_before: dict[str, float] = {}  # the end of each server's retry pushback
         self._fingerprints: dict[str, str] = {}
         self._lock = threading.Lock()
+        self.plans = PlanWatch()  # each job's plan links seen, and the servers' disagreement
+        self.new_phase: set[str] = set()  # jobs whose last batch began a phase new to us
+        self._plan_checked: dict[str, float] = {}
 
     def mark_failed(self, addr: str, error: Exception | None = None) -> None:
         """`addr` failed: to the back of every ranking for a while, and not asked again before
@@ -167,7 +171,24 @@ class Session:
             )
         batch = Batch(msg, self.policy.verify, server)
         self.expect_fingerprint(batch.job, batch.job_fingerprint, f"server {server}")
+        if self.plans.saw(
+            batch.job, batch.step, batch.plan_phase_start, batch.plan_fingerprint, server
+        ):
+            self.new_phase.add(batch.job)
         return batch
+
+    def plan_check_due(self, job: str, every: float) -> bool:
+        """Whether the servers' plans are to be compared now: a rank reached a phase new to
+        this client, or `every` seconds passed since the last comparison (0: never)."""
+        if not every:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            due = job in self.new_phase or now - self._plan_checked.get(job, -1e18) >= every
+            if due:
+                self.new_phase.discard(job)
+                self._plan_checked[job] = now
+        return due
 
     def expect_fingerprint(self, job: str, fingerprint: str, source: str) -> None:
         if not fingerprint:

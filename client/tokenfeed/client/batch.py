@@ -33,6 +33,9 @@ class Batch(Mapping[str, np.ndarray]):
         "epoch",
         "fingerprint",
         "job_fingerprint",
+        "plan_phase_start",
+        "plan_fingerprint",
+        "plan_version",
         "server",
     )
 
@@ -43,6 +46,10 @@ class Batch(Mapping[str, np.ndarray]):
         self.job, self.step, self.rank = msg.job, msg.step, msg.rank
         self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
         self.job_fingerprint = msg.job_fingerprint
+        # The data plan that decided this step (docs/data-plan.md): the start of its phase and
+        # the fingerprint of the plan up to it; a checkpoint records them.
+        self.plan_phase_start, self.plan_fingerprint = msg.plan_phase_start, msg.plan_fingerprint
+        self.plan_version = msg.plan_version
         self.server = server
 
     def __getitem__(self, name: str) -> np.ndarray:

@@ -5,6 +5,8 @@ TokenfeedClientError            (.code: the grpc.StatusCode, .retryable, .retry_
 ├── JobNotFound                 NOT_FOUND
 ├── JobFailed                   FAILED_PRECONDITION: the job cannot serve (bad data, strict)
 ├── JobMismatch                 FAILED_PRECONDITION: two definitions of one job (never retried)
+│   ├── PlanRewritten           a checkpoint's steps decided otherwise by the plan now (.step)
+│   └── PlanConflict            servers of one target hold two plans for a step (.step)
 ├── Unavailable                 UNAVAILABLE: server down, draining, or job still indexing
 ├── DeadlineExceeded            DEADLINE_EXCEEDED
 └── WireError (+ ValueError)    DATA_LOSS: a batch message that does not decode
@@ -59,6 +61,24 @@ class JobMismatch(TokenfeedClientError):
     would silently change the data."""
 
     status = "FAILED_PRECONDITION"
+
+
+class PlanRewritten(JobMismatch):
+    """A plan that decides a step this run has read otherwise than when it was read: an edited
+    past phase, another seed, other sources. `step` is the first such step."""
+
+    def __init__(self, message: str, step: int = -1):
+        super().__init__(message)
+        self.step = step
+
+
+class PlanConflict(JobMismatch):
+    """Servers of one target hold two plans for a step (their logs differ): `step` is the
+    first such step."""
+
+    def __init__(self, message: str, step: int = -1):
+        super().__init__(message)
+        self.step = step
 
 
 class Unavailable(TokenfeedClientError):

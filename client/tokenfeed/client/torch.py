@@ -10,11 +10,12 @@
         ...
         checkpoint["data"] = data.state_dict()
 
-The state is `{"next_step", "job", "job_fingerprint"}`. Loading it checks the fingerprint
-against what the servers serve now, so a resumed run provably reads the same data; the world
-size may differ on resume (elastic). Use `num_workers=0`: the client already reads ahead in a
-background thread, and DataLoader workers would each hold a copy of the position, which the
-main process's `state_dict()` could not see.
+The state is `{"next_step", "job", "job_fingerprint"}`, and `plan` (the data plan's phases
+the run read) once a batch was read. Loading it checks them against what the servers serve now:
+a resumed run provably reads the same data up to its step, whatever the plan amends after it;
+the world size may differ on resume (elastic). Use `num_workers=0`: the client already reads
+ahead in a background thread, and DataLoader workers would each hold a copy of the position,
+which the main process's `state_dict()` could not see.
 
 With `device=` (e.g. "cuda"), only the compact batch (docs/batch-format.md: the token array in
 its wire dtype and the document starts, a fifth of the five int32 tensors or less) is copied to
@@ -104,6 +105,7 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.rank, self.world_size = rank, world_size
         self.next_step, self.end_step = start_step, end_step
         self.job_fingerprint = ""
+        self.plan_links: dict[int, str] = {}  # phase start -> plan fingerprint, of steps read
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -117,6 +119,8 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         )
         for batch in batches:
             self._check(batch.job_fingerprint, f"server {batch.server}")
+            if batch.plan_fingerprint:
+                self.plan_links[batch.plan_phase_start] = batch.plan_fingerprint
             # Counted as consumed once handed over: a checkpoint taken after the trainer
             # processed this batch resumes at the next one.
             self.next_step = batch.step + 1
@@ -136,11 +140,15 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.job_fingerprint = self.job_fingerprint or fingerprint
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "next_step": self.next_step,
             "job": self.job,
             "job_fingerprint": self.job_fingerprint,
         }
+        links = sorted((s, f) for s, f in self.plan_links.items() if s < self.next_step)
+        if links:  # the data plan's phases the run read (docs/data-plan.md)
+            state["plan"] = [[s, f] for s, f in links]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("job") != self.job:
@@ -150,5 +158,9 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.job_fingerprint = state.get("job_fingerprint", "")
         self._check(self.client.describe(self.job)["fingerprint"], "the server")
         self.next_step = int(state["next_step"])
+        links = [(int(s), str(f)) for s, f in state.get("plan") or ()]
+        if links:  # the plan now must decide every step the run read as it did then
+            self.client.check_plan(links, self.next_step, job=self.job)
+        self.plan_links = dict(links)
         # The resume step's batches start coming while the trainer restores the rest.
         self.client.warm(self.next_step, self.rank, self.world_size, job=self.job)

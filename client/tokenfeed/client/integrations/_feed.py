@@ -43,6 +43,7 @@ class RankFeed:
         self.rank, self.world_size = rank, world_size
         self.next_step, self.end_step = start_step, end_step
         self.job_fingerprint = ""
+        self.plan_links: dict[int, str] = {}  # phase start -> plan fingerprint, of steps read
 
     def batches(self) -> Generator[Batch, None, None]:
         """The batches from `next_step` on (read ahead by the client), each counted as
@@ -53,6 +54,8 @@ class RankFeed:
         try:
             for batch in stream:
                 self._check(batch.job_fingerprint, f"server {batch.server}")
+                if batch.plan_fingerprint:
+                    self.plan_links[batch.plan_phase_start] = batch.plan_fingerprint
                 self.next_step = batch.step + 1
                 yield batch
         finally:
@@ -69,7 +72,8 @@ class RankFeed:
         self.job_fingerprint = self.job_fingerprint or fingerprint
 
     def state(self) -> FeedState:
-        return FeedState(self.next_step, self.job, self.job_fingerprint)
+        links = tuple(sorted((s, f) for s, f in self.plan_links.items() if s < self.next_step))
+        return FeedState(self.next_step, self.job, self.job_fingerprint, links)
 
     def state_dict(self) -> dict[str, Any]:
         return self.state().to_dict()
@@ -81,6 +85,9 @@ class RankFeed:
         if state.job != self.job:
             raise ValueError(f"checkpoint is for job {state.job!r}, not {self.job!r}")
         self.job_fingerprint = state.job_fingerprint
+        if state.plan:  # the plan now must decide every step the run read as it did then
+            self.client.check_plan(state.plan, state.next_step, job=self.job)
+        self.plan_links = dict(state.plan)
         self.resume_at(state.next_step)
 
     def resume_at(self, step: int) -> None:

@@ -15,13 +15,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tokenfeed.client.errors import TokenfeedClientError
+from tokenfeed.server.commands import plancli
+from tokenfeed.server.commands.remote import add_credentials, remote
 from tokenfeed.server.errors import ConfigError, JobFailedError, TokenfeedError
 from tokenfeed.server.settings import config as configmod
 from tokenfeed.server.telemetry import logs
 
 log = logging.getLogger("tokenfeed")
 # Where the remote commands look for a bearer token when no flag names one.
-TOKEN_ENV = "TOKENFEED_TOKEN"
 
 
 def _load(args) -> configmod.Config:
@@ -119,42 +120,12 @@ def _tokenizer(cfg: configmod.Config, spec: configmod.JobSpec):
     return TextTokenizer(spec.tokenizer, raw)
 
 
-def _credentials(args) -> dict:
-    """The client's credential options from the remote commands' flags (docs/client.md): the
-    same TLS roots, client certificate and token a trainer passes to `Client`."""
-    out: dict = {}
-    for flag in ("tls_root_certs", "tls_client_cert", "tls_client_key", "tls_server_name"):
-        if getattr(args, flag):
-            out[flag] = getattr(args, flag)
-    if args.tls and not out:
-        out["tls"] = True  # the system's roots
-    if args.token_file:
-        out["token_file"] = args.token_file
-    elif args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise ConfigError(f"--token-env: the environment variable {args.token_env} is unset")
-        out["token"] = token
-    elif os.environ.get(TOKEN_ENV):
-        out["token"] = os.environ[TOKEN_ENV]
-    return out
-
-
-def _remote(args, job: str | None = None):
-    from tokenfeed.client import Client
-
-    try:
-        return Client(args.target, job=job, **_credentials(args))
-    except ValueError as e:  # an unreadable certificate or token file
-        raise ConfigError(str(e)) from e
-
-
 def cmd_inspect(args) -> int:
     logs.configure("text", logging.WARNING)
     cfg = _load(args)
     spec = cfg.job(args.job)
     if args.target:
-        with _remote(args, spec.name) as client:
+        with remote(args, spec.name) as client:
             batch = client.get_batch(args.step, rank=args.rank, world_size=args.world_size)
         arrays = dict(batch)
         tok = _tokenizer(cfg, spec)
@@ -177,7 +148,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    with _remote(args, args.job) as client:
+    with remote(args, args.job) as client:
         info = client.explain(args.step, rank=args.rank, world_size=args.world_size)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -197,7 +168,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_describe(args) -> int:
-    with _remote(args) as client:
+    with remote(args) as client:
         infos = [client.describe(args.job)] if args.job else client.list_jobs()
     print(json.dumps(infos, indent=2, default=str))
     return 0
@@ -225,22 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except BrokenPipeError:
         return _output_closed()
-
-
-def _add_credentials(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("credentials (a server with server.tls or server.auth)")
-    g.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
-    g.add_argument("--tls-root-certs", metavar="PEM", help="TLS, trusting these roots")
-    g.add_argument("--tls-client-cert", metavar="PEM", help="client certificate (mTLS)")
-    g.add_argument("--tls-client-key", metavar="PEM", help="its private key")
-    g.add_argument("--tls-server-name", help="the name the server's certificate must carry")
-    g.add_argument("--token-file", help="a file holding the bearer token")
-    g.add_argument(
-        "--token-env",
-        metavar="VAR",
-        help=f"environment variable holding the bearer token (default: {TOKEN_ENV}, when set; "
-        "a token is never taken on the command line, where other users can read it)",
-    )
 
 
 def _main(argv: list[str] | None) -> int:
@@ -288,7 +243,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--tokens", type=int, default=0, help="also print the first N token ids")
     p.add_argument("--target", help="fetch from this server instead of computing locally")
     p.add_argument("--cache-dir", help="override server.cache_dir (local mode)")
-    _add_credentials(p)
+    add_credentials(p)
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("explain", help="where each row of a batch comes from")
@@ -298,14 +253,16 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the raw answer as JSON")
-    _add_credentials(p)
+    add_credentials(p)
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("describe", help="print a server's jobs as JSON")
     p.add_argument("--target", required=True, help="host:port of a tokenfeed server")
     p.add_argument("--job", help="one job (default: all)")
-    _add_credentials(p)
+    add_credentials(p)
     p.set_defaults(fn=cmd_describe)
+
+    plancli.add_parser(sub)
 
     args = parser.parse_args(argv)
     try:

@@ -87,8 +87,9 @@ class DataPlan:
 @dataclass(frozen=True)
 class Amendment:
     """A phase to append from `start_step` on. What it leaves out (None) carries over from the
-    phase in force before it; `weights` names datasets (those it does not name get 0);
-    `add` are new datasets, which its weights may name."""
+    phase in force before it; `weights` names datasets (those it does not name keep their
+    weight, as in a config's schedule; a dataset added gets 0 unless named); `add` are new
+    datasets, which its weights may name."""
 
     start_step: int
     global_batch_size: int | None = None
@@ -104,8 +105,11 @@ def amend(
     after its step, none of them frozen). RequestError for a change that is not valid as
     asked, PlanFrozenError for one at a frozen step: nothing of the plan changes then."""
     at = change.start_step
-    if at < 0:
-        raise RequestError(f"start_step must be >= 0, got {at}")
+    if at < 1:
+        raise RequestError(
+            f"start_step must be >= 1, got {at}: the phase from step 0 is the config's "
+            "(change the config before the run starts)"
+        )
     if at <= horizon:
         raise PlanFrozenError(
             f"step {at} is frozen: the plan of job {spec.name} can no longer change through "
@@ -126,8 +130,9 @@ def amend(
         datasets.append(d)
     # A dataset known only to a replaced phase is forgotten with it unless added again.
     names = [d.name for d in datasets]
+    kept_weights = tuple(before.weights) + (Fraction(0),) * (len(names) - len(before.weights))
     if change.weights is None:
-        weights = tuple(before.weights) + (Fraction(0),) * (len(names) - len(before.weights))
+        weights = kept_weights
     else:
         unknown = sorted(set(change.weights) - set(names))
         if unknown:
@@ -135,7 +140,7 @@ def amend(
                 f"weights name dataset {unknown[0]!r}, which job {spec.name} does not have "
                 f"(its datasets: {names}); add it with its sources, or name a known one"
             )
-        weights = tuple(change.weights.get(n, Fraction(0)) for n in names)
+        weights = tuple(change.weights.get(n, w) for n, w in zip(names, kept_weights, strict=True))
     for n, w in zip(names, weights, strict=True):
         if not isinstance(w, Fraction) or w < 0:
             raise RequestError(f"weight of dataset {n!r} must be a rational >= 0, got {w}")
@@ -183,6 +188,13 @@ class PlanLog:
     served: int  # the furthest step a server said it serves when it moved the horizon
     plan: DataPlan
     history: tuple[dict[str, Any], ...] = ()
+    # The plan at version 1, as the run started: what the job's fingerprint covers, the same
+    # on every server whatever was amended since (or whatever their config files say now).
+    first: DataPlan | None = None
+
+    @property
+    def origin(self) -> DataPlan:
+        return self.first if self.first is not None else self.plan
 
     def with_horizon(self, horizon: int, served: int) -> PlanLog:
         return dataclasses.replace(
@@ -209,15 +221,9 @@ class PlanLog:
                 "horizon": self.horizon,
                 "served": self.served,
                 "datasets": [_dataset_json(d) for d in self.plan.datasets],
-                "phases": [
-                    {
-                        "start_step": p.start_step,
-                        "global_batch_size": p.global_batch_size,
-                        "seq_len": p.seq_len,
-                        "weights": [str(w) for w in p.weights],
-                    }
-                    for p in self.plan.phases
-                ],
+                "phases": [_phase_json(p) for p in self.plan.phases],
+                "first_datasets": len(self.origin.datasets),
+                "first_phases": [_phase_json(p) for p in self.origin.phases],
                 "history": list(self.history),
             },
             indent=1,
@@ -230,14 +236,10 @@ class PlanLog:
             if m.get("format") != LOG_FORMAT:
                 raise ValueError(f"format {m.get('format')!r}, this server reads {LOG_FORMAT}")
             datasets = tuple(_dataset_from(d) for d in m["datasets"])
-            phases = tuple(
-                PlanPhase(
-                    int(p["start_step"]),
-                    int(p["global_batch_size"]),
-                    int(p["seq_len"]),
-                    tuple(Fraction(w) for w in p["weights"]),
-                )
-                for p in m["phases"]
+            phases = tuple(_phase_from(p) for p in m["phases"])
+            first = DataPlan(
+                datasets[: int(m["first_datasets"])],
+                tuple(_phase_from(p) for p in m["first_phases"]),
             )
             return cls(
                 str(m["job"]),
@@ -248,6 +250,7 @@ class PlanLog:
                 int(m["served"]),
                 DataPlan(datasets, phases),
                 tuple(m.get("history", [])),
+                first,
             )
         except (ValueError, KeyError, TypeError, ConfigError) as e:
             raise ConfigError(f"plan log {where} cannot be read: {e}") from e
@@ -256,7 +259,8 @@ class PlanLog:
 def new_log(spec: JobSpec, origin: str) -> PlanLog:
     """Version 1 of a job's log: the config's plan, nothing frozen yet."""
     entry = {"version": 1, "what": f"created from the config {origin}"}
-    return PlanLog(spec.name, identity(spec), 1, 1, -1, -1, DataPlan.from_spec(spec), (entry,))
+    plan = DataPlan.from_spec(spec)
+    return PlanLog(spec.name, identity(spec), 1, 1, -1, -1, plan, (entry,), plan)
 
 
 def identity(spec: JobSpec) -> str:
@@ -301,6 +305,24 @@ def merge_config(log: PlanLog, spec: JobSpec) -> tuple[DataPlan | None, str]:
     return None, (
         f"the config's plan differs from the log's at {where}; the log is the record of the "
         "run and stands (change a running job with `tokenfeed plan append`)"
+    )
+
+
+def _phase_json(p: PlanPhase) -> dict[str, Any]:
+    return {
+        "start_step": p.start_step,
+        "global_batch_size": p.global_batch_size,
+        "seq_len": p.seq_len,
+        "weights": [str(w) for w in p.weights],
+    }
+
+
+def _phase_from(p: dict[str, Any]) -> PlanPhase:
+    return PlanPhase(
+        int(p["start_step"]),
+        int(p["global_batch_size"]),
+        int(p["seq_len"]),
+        tuple(Fraction(w) for w in p["weights"]),
     )
 
 

@@ -217,10 +217,18 @@ class Job:
 
     @property
     def fingerprint(self) -> str:
-        """Everything that decides the bytes of a batch; known once every dataset's chunks are
-        planned (before they are tokenized), empty until then."""
-        t = self.tokenizer
-        if not self._fingerprint and t is not None and all(i.fingerprint for i in self.indexes):
+        """Everything that decides the bytes of the job's batches as the run started (its plan
+        at version 1: the same on every server however the plan was amended since, and
+        whatever their config files say now); known once the plan log is open and every first
+        dataset's chunks are planned (before they are tokenized), empty until then."""
+        t, first = self.tokenizer, self.plans.first
+        indexes = self.indexes[: len(first.datasets)]
+        if (
+            not self._fingerprint
+            and t is not None
+            and self.plans.is_open
+            and all(i.fingerprint for i in indexes)
+        ):
             s = self.spec
             parts = [
                 f"format={CHUNK_FORMAT_VERSION}",
@@ -234,10 +242,12 @@ class Job:
                 f"add_bos={t.add_bos}",
             ]
             parts += [
-                f"phase={p.start_step}|{p.global_batch_size}|" + ",".join(map(str, p.weights))
-                for p in s.phases
+                f"phase={p.start_step}|{p.global_batch_size}|"
+                + ",".join(map(str, p.weights))
+                + (f"|seq_len={p.seq_len}" if p.seq_len != s.seq_len else "")
+                for p in first.phases
             ]
-            parts += [f"dataset={i.fingerprint}" for i in self.indexes]
+            parts += [f"dataset={i.fingerprint}" for i in indexes]
             digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16)
             self._fingerprint = digest.hexdigest()
         return self._fingerprint

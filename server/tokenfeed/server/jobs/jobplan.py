@@ -45,6 +45,7 @@ class JobPlan:
     ):
         self.spec, self.keeper, self._on_change = spec, keeper, on_change
         self.plan = DataPlan.from_spec(spec)
+        self.first = self.plan  # version 1 (the log's, once open): what job fingerprints cover
         self.version = 0  # 0: the config's plan, before the log is open
         self.schedule = schedule_of(self.plan, spec.seed)
         self._chains: dict[tuple[int, ...], list[tuple[int, str]]] = {}
@@ -56,6 +57,7 @@ class JobPlan:
         """A new version of the log (any thread): the schedule first, then the job's parts."""
         old = self.plan
         self.schedule = schedule_of(log.plan, self.spec.seed)
+        self.first = log.origin
         self.plan, self.version = log.plan, log.version
         self._on_change(old, log.plan)
 
@@ -66,6 +68,10 @@ class JobPlan:
         if self.keeper is not None:
             await asyncio.get_running_loop().run_in_executor(executor, self.keeper.open)
         self._opened.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened.is_set() or self.keeper is None
 
     async def opened(self) -> None:
         """Returns once the log is open (the job's build opens it first)."""
