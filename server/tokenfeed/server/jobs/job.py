@@ -108,6 +108,7 @@ class Job:
         self._plan_error = ""
         self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
         self._added_builds: set[asyncio.Future] = set()
+        self._chain: tuple[object, list[tuple[int, str]]] | None = None
         try:
             self.load_tokenizer()
         except LocalError as e:
@@ -254,7 +255,12 @@ class Job:
 
     def chain(self) -> list[tuple[int, str]]:
         """(start step, fingerprint) of each phase of the plan in force (JobPlan.chain): known
-        once the tokenizer is loaded and every dataset's chunks are planned, empty until then."""
+        once the tokenizer is loaded and every dataset's chunks are planned, empty until then.
+        Made once per plan version: every served batch names its link."""
+        plan = self.plans.plan
+        cached = self._chain
+        if cached is not None and cached[0] is plan:
+            return cached[1]
         t = self.tokenizer
         if t is None or not all(i.fingerprint for i in self.indexes):
             return []
@@ -269,7 +275,9 @@ class Job:
             f"bos={t.bos_id}",
             f"add_bos={t.add_bos}",
         ]
-        return self.plans.chain(base, [i.fingerprint for i in self.indexes])
+        chain = self.plans.chain(base, [i.fingerprint for i in self.indexes])
+        self._chain = (plan, chain)
+        return chain
 
     def plan_of(self, step: int) -> tuple[int, str]:
         """(start step of the phase in force at `step`, the plan's fingerprint up to it)."""
