@@ -39,7 +39,9 @@ from importgraph import (  # noqa: E402 - the library lives beside the script th
 # Sample order, packing, planning and the wire format: pure functions of their inputs (STYLE.md).
 # Named by package and last name component, so they are found wherever they move.
 PURE_CORE = {
-    "tokenfeed.server": ("order", "packing", "mixture", "planner", "bestfit"),
+    "tokenfeed.server": (
+        *("order", "packing", "mixture", "planner", "bestfit", "epochlayouts", "segments"),
+    ),
     "tokenfeed.client": ("wire",),
 }
 # The service's libraries and the I/O modules. A name matches itself and its submodules.

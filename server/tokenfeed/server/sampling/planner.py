@@ -18,49 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import NotBuiltError, RequestError
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.segments import Segment, first_segment, next_segment
+from tokenfeed.server.sampling.epochlayouts import CARRY_BLOCK_UNITS, DatasetUnits, EpochLayouts
 
 if TYPE_CHECKING:
     from tokenfeed.server.sampling.mixture import Schedule
     from tokenfeed.server.settings.config import JobSpec
 
 MAX_STEP = 2**62
-# Carry rows laid out together (one carry block): a block holds about this many units.
-CARRY_BLOCK_UNITS = 2**20
-
-
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-class DatasetUnits(Protocol):
-    """What planning reads of a dataset's index (indexing/index.py's DatasetIndex): its units
-    per chunk and epoch, how rows are cut from them, and, while it builds, how many rows of
-    epoch 0 are built."""
-
-    @property
-    def dataset(self) -> _Named: ...
-    @property
-    def ready(self) -> bool: ...
-    @property
-    def rows_built(self) -> int: ...
-    @property
-    def units_per_epoch(self) -> int: ...
-    @property
-    def units_per_chunk(self) -> np.ndarray: ...
-    @property
-    def per_row(self) -> int: ...
-    @property
-    def span(self) -> int: ...
-
-    def not_built(self, job: str, step: int, need: int) -> tuple[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -111,15 +80,14 @@ class Planner:
 
     def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
-        self._layouts: LRU[tuple[Any, ...], order.EpochLayout] = LRU(4 * len(indexes))
-        self._windows: LRU[tuple[Any, ...], np.ndarray] = LRU(16 * len(indexes))
-        self._tails: LRU[tuple[int, int, int, int, int], tuple[int, ...]] = LRU(4096)
+        # EpochLayouts, window orders, tails and segments: their own module, shared with assembly.
+        self.layouts = EpochLayouts(spec, indexes, schedule)
+        self.layout, self.window_perm = self.layouts.layout, self.layouts.window_perm
+        self.chunk_tail, self.tail_chunks = self.layouts.chunk_tail, self.layouts.tail_chunks
+        self.carry_block, self.segments = self.layouts.carry_block, self.layouts.segments
         rows = max(p.global_batch_size for p in self.spec.phases)
         self.step_limit = MAX_STEP // (rows * max(self.spec.seq_len, 1))
         self.seq_len: Callable[[int], int] = lambda step: spec.seq_len
-        # (start step, seq_len) of each phase: where a dataset's segments begin.
-        self.phases: list[tuple[int, int]] = [(0, spec.seq_len)]
-        self._segments: dict[int, tuple[object, int, list[Segment]]] = {}
 
     def use(
         self,
@@ -133,8 +101,7 @@ class Planner:
         overflows: about 5e11 steps of [1024, 8192]), the sequence length of a step, and
         the (start step, seq_len) of each phase."""
         self.schedule, self.step_limit, self.seq_len = schedule, step_limit, seq_len
-        if phases is not None:
-            self.phases = phases
+        self.layouts.use(schedule, phases if phases is not None else self.layouts.phases)
 
     def check_request(self, step: int, rank: int, world_size: int) -> None:
         limit = self.step_limit
@@ -175,10 +142,12 @@ class Planner:
     def _parts(self, d: int, slots: np.ndarray, rows: np.ndarray, step: int) -> list[RowPlanPart]:
         """The parts of a plan holding rows `rows` of dataset d (all of one phase, so of one
         segment) at places `slots`: its own rows, and its carry rows if it has any."""
-        seg = self.segment_of(d, rows, step)
+        seg = self.layouts.segment_of(d, rows, step)
         if seg.index == 0:
             epochs, units = self.locate(d, rows, step)
-            starts = order.locate_starts(units, self.indexes[d].units_per_epoch, self._lay(d))
+            starts = order.locate_starts(
+                units, self.indexes[d].units_per_epoch, self.layouts.lay(d)
+            )
             return [RowPlanPart(d, slots, epochs, units, starts, rows)]
         idx, L, k = self.indexes[d], seg.seq_len, seg.index
         local = rows - seg.first_row
@@ -210,81 +179,6 @@ class Planner:
 
     # ---------------------------------------------------------------- segments
 
-    def segments(self, d: int) -> list[Segment]:
-        """Dataset d's segments under the current schedule: a new one at each phase that
-        changes the sequence length after the dataset is known. Past the first, they need the
-        whole index (their carries are computed from full epoch layouts): while it builds only
-        the first is known."""
-        schedule, idx = self.schedule, self.indexes[d]
-        cached = self._segments.get(d)
-        version = -1 if idx.ready else idx.rows_built
-        if cached is not None and cached[0] is schedule and cached[1] == version:
-            return cached[2]
-        segs = [first_segment(idx.per_row if self.spec.packing == "concat" else idx.span)]
-        # Known so far while the later ones are computed (each needs its predecessor's layouts).
-        self._segments[d] = (schedule, version, segs)
-        if idx.ready:
-            for start, seq_len in self.phases:
-                if seq_len == segs[-1].seq_len or start == 0:
-                    continue
-                known = schedule.plan_at(start).known
-                if known <= d:
-                    continue
-                row = int(schedule.consumed(start)[d])
-                prev = segs[-1]
-                segs.append(
-                    next_segment(
-                        prev,
-                        row,
-                        seq_len,
-                        idx.units_per_epoch,
-                        partial(self.layout, d, segment=prev.index),
-                        partial(self._perm_of, d, prev.index),
-                    )
-                )
-        self._segments[d] = (schedule, version, segs)
-        return segs
-
-    def carry_block(self, d: int, segment: int, block: int) -> tuple[order.Pieces, list[int]]:
-        """The pieces of chunks that carry block `block` of a segment is made of (the carry
-        rows it holds, each row's units and the label after), in order, and the positions in
-        the block where a stretch of the carry joins the next (a document segment starts
-        there)."""
-        seg = self.segments(d)[segment]
-        L = seg.seq_len
-        per_block = max(1, CARRY_BLOCK_UNITS // L)
-        first = block * per_block
-        last = min(first + per_block, seg.carry_rows) - 1
-        lo, hi = first * L, last * L + L + 1
-        joins, at = [], 0
-        for a, b in seg.virtual(lo, hi):
-            if at:
-                joins.append(at)
-            at += b - a
-        pc = self.carry_pieces(d, seg, np.array([lo], dtype=np.int64), hi - lo)
-        return pc, joins
-
-    def _perm_of(self, d: int, segment: int, epoch: int, w: int) -> np.ndarray:
-        return self.window_perm(d, epoch, segment, w)
-
-    def segment_of(self, d: int, rows: np.ndarray, step: int) -> Segment:
-        """The segment of rows of one phase (NotBuiltError for a later segment while the
-        dataset's index builds)."""
-        segs = self.segments(d)
-        seg = segs[int(np.searchsorted([s.first_row for s in segs], rows[0], side="right")) - 1]
-        idx = self.indexes[d]
-        if not idx.ready and seg.index == 0 and len(self.phases) > 1:
-            later = [s for s, L in self.phases[1:] if L != seg.seq_len]
-            if later and step >= later[0]:
-                raise NotBuiltError(
-                    (
-                        f"step {step} of job {self.name} changes the sequence length: it needs "
-                        f"dataset {idx.dataset.name}'s whole index, still being built",
-                        5.0,
-                    )
-                )
-        return seg
-
     @staticmethod
     def split(plan: RowPlan, steps: int, per: int) -> list[RowPlan]:
         """A plan of `steps` steps (plan_steps) cut into plans of `per` steps each, the last
@@ -313,9 +207,6 @@ class Planner:
             out.append(RowPlan(hi - lo, parts, plan.seq_len))
         return out
 
-    def _lay(self, d: int) -> Callable[[int], order.EpochLayout]:
-        return partial(self.layout, d)
-
     def locate(self, d: int, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(epoch of each row, the stream unit it starts at) for rows of dataset `d`."""
         idx = self.indexes[d]
@@ -342,34 +233,15 @@ class Planner:
         provenance and accounting; serving reads the row buffers instead."""
         idx, d = self.indexes[part.dataset], part.dataset
         if part.segment == 0:
-            return order.locate_units(part.units, idx.span, idx.units_per_epoch, self._lay(d))
+            return order.locate_units(
+                part.units, idx.span, idx.units_per_epoch, self.layouts.lay(d)
+            )
         seg = self.segments(d)[part.segment]
         lay = partial(self.layout, d, segment=part.segment)
         if not part.carry:
             span = seg.seq_len + 1
             return order.locate_units(part.units, span, idx.units_per_epoch, lay)
-        return self.carry_pieces(d, seg, part.units, seg.seq_len + 1)
-
-    def carry_pieces(self, d: int, seg: Segment, starts: np.ndarray, span: int) -> order.Pieces:
-        """The pieces of chunks that positions [starts[i], starts[i] + span) of a segment's
-        own sequence (its carry, then the stream) are made of; `row` indexes `starts`."""
-        idx = self.indexes[d]
-        lay = partial(self.layout, d, segment=seg.index)
-        cols: list[list[np.ndarray]] = [[] for _ in range(6)]
-        for i, v in enumerate(np.asarray(starts).tolist()):
-            at = 0
-            for a, b in seg.virtual(v, v + span):
-                pc = order.locate_units(np.array([a]), b - a, idx.units_per_epoch, lay)
-                for c, col in enumerate(
-                    (np.full(len(pc.row), i), pc.epoch, pc.chunk, pc.lo, pc.hi, pc.at + at)
-                ):
-                    cols[c].append(col)
-                at += b - a
-        if not cols[0]:
-            empty = np.zeros(0, dtype=np.int64)
-            return order.Pieces(empty, empty, empty, empty, empty, empty)
-        joined = [np.concatenate(c).astype(np.int64) for c in cols]
-        return order.Pieces(*joined)
+        return self.layouts.carry_pieces(d, seg, part.units, seg.seq_len + 1)
 
     def chunks_read(self, plan: RowPlan) -> set[tuple[int, int, int]]:
         """The (dataset, epoch, chunk) stretches whose units a plan's rows read."""
@@ -380,24 +252,6 @@ class Planner:
             both = zip(pc.epoch[first].tolist(), pc.chunk[first].tolist(), strict=True)
             out.update((part.dataset, e, c) for e, c in both)
         return out
-
-    def chunk_tail(self, d: int, epoch: int, position: int, segment: int = 0) -> order.Pieces:
-        """What the row buffer of the chunk at `position` of `epoch` holds past the chunk's
-        end (order.chunk_tail), in the grid of the dataset's `segment`."""
-        idx = self.indexes[d]
-        if segment == 0:
-            per_row, span = idx.per_row, idx.span
-        else:
-            per_row = self.segments(d)[segment].seq_len
-            span = per_row + 1
-        return order.chunk_tail(
-            self.layout(d, epoch, segment),
-            position,
-            idx.units_per_epoch,
-            per_row,
-            span,
-            partial(self.layout, d, segment=segment),
-        )
 
     def chunks_of_steps(self, first: int, end: int) -> set[tuple[int, int]]:
         """The (dataset, chunk) pairs that the whole global batches of steps [first, end)
@@ -431,46 +285,3 @@ class Planner:
             out.add((d, c))
             out.update((d, k) for k in self.tail_chunks(d, e, p, part.segment))
         return out
-
-    def tail_chunks(self, d: int, epoch: int, position: int, segment: int = 0) -> tuple[int, ...]:
-        """The chunks the tail of the row buffer of `position` in `epoch` reads (cached)."""
-        version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
-
-        def make() -> tuple[int, ...]:
-            return tuple(np.unique(self.chunk_tail(d, epoch, position, segment).chunk).tolist())
-
-        return self._tails.get_or_make((d, epoch, position, version, segment), make)
-
-    def layout(self, d: int, epoch: int, segment: int = 0) -> order.EpochLayout:
-        """Epoch `epoch`'s layout, in the grid of the dataset's `segment`. While the index
-        builds, the layout of epoch 0 is exact over its built windows (chunks not built yet
-        count 0 rows, after them); it is keyed by how many windows are built, so it is remade
-        as the build advances."""
-        idx, s = self.indexes[d], self.spec
-        version = -1 if idx.ready else idx.rows_built
-        if segment == 0:
-            per_row, origin, grid = idx.per_row, 0, ""
-        else:
-            seg = self.segments(d)[segment]
-            per_row, origin, grid = seg.seq_len, seg.origin, seg.grid
-
-        def make() -> order.EpochLayout:
-            return order.epoch_layout(
-                idx.units_per_chunk,
-                s.seed,
-                idx.dataset.name,
-                epoch,
-                s.window_chunks,
-                per_row,
-                idx.units_per_epoch or None,
-                origin,
-                grid,
-            )
-
-        key = (d, epoch, version) if segment == 0 else (d, epoch, version, segment, grid)
-        return self._layouts.get_or_make(key, make)
-
-    def window_perm(self, d: int, epoch: int, segment: int, w: int) -> np.ndarray:
-        layout = self.layout(d, epoch, segment)
-        key = (d, epoch, w) if segment == 0 else (d, epoch, w, segment, layout.grid)
-        return self._windows.get_or_make(key, lambda: order.window_order(layout, w))
