@@ -18,11 +18,11 @@ import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
-from tokenfeed.client._plans import at, chain_of, check_resume
+from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
 from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import DeadlineExceeded, PlanConflict
+from tokenfeed.client.errors import DeadlineExceeded
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -147,8 +147,8 @@ class AsyncClient(ClientBase):
         """See `Client.check_plan`."""
         name = self._job(job)
         info = await self.plan(job=name)
-        server = chain_of((p["start_step"], p["fingerprint"]) for p in info["phases"])
-        check_resume(name, chain_of(links), next_step, server)
+        server = tuple((p["start_step"], p["fingerprint"]) for p in info["phases"])
+        check_resume(name, tuple(links), next_step, server)
 
     async def _chains(self, job: str) -> dict[str, tuple[tuple[int, str], ...]]:
         out = {}
@@ -161,7 +161,7 @@ class AsyncClient(ClientBase):
                 )
             except grpc.RpcError:
                 continue
-            out[addr] = chain_of((p.start_step, p.fingerprint) for p in info.phases)
+            out[addr] = links_of(info.phases)
         return out
 
     async def _admit(self, batch: Batch) -> Batch:
@@ -169,28 +169,14 @@ class AsyncClient(ClientBase):
         job = batch.job
         if self.session.plan_check_due(job, self.plan_check_seconds):
             self.session.plans.compare(job, await self._chains(job))
-        conflict = self.session.plans.conflict(job)
-        deadline = time.monotonic() + self.session.policy.timeout
-        while conflict is not None and batch.step >= conflict[0]:
+        watch, deadline = self.session.plans, time.monotonic() + self.session.policy.timeout
+        while (conflict := held(watch, job, batch.step)) is not None:
             if time.monotonic() >= deadline:
-                raise PlanConflict(
-                    f"job {job!r}: step {batch.step} not handed over: {conflict[1]}; make the "
-                    "servers' plans agree (tokenfeed plan show/append on each), or give them "
-                    "a shared store",
-                    conflict[0],
-                )
+                raise held_too_long(job, batch.step, conflict)
             await asyncio.sleep(min(1.0, self.session.policy.max_backoff))
             chains = await self._chains(job)
-            conflict = self.session.plans.compare(job, chains)
-            if conflict is None:
-                agreed = next(iter(chains.values()), ())
-                if at(agreed, batch.step) not in (None, batch.plan_fingerprint):
-                    raise PlanConflict(
-                        f"job {job!r}: step {batch.step} came from server {batch.server} under "
-                        f"a plan the servers no longer hold ({batch.plan_fingerprint}); ask "
-                        "for it again",
-                        batch.step,
-                    )
+            if watch.compare(job, chains) is None:
+                check_agreed(job, batch.step, batch.plan_fingerprint, batch.server, chains)
         return batch
 
     async def describe(self, job: str | None = None) -> dict:

@@ -22,15 +22,17 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from tokenfeed.client.errors import JobMismatch, PlanRewritten
+from tokenfeed.client.errors import JobMismatch, PlanConflict, PlanRewritten
 
 Link = tuple[int, str]  # (start step of a phase, fingerprint of the plan up to it)
 Chain = tuple[Link, ...]
 
 
-def chain_of(phases: Iterable[tuple[int, str]]) -> Chain:
-    return tuple(sorted((int(s), str(f)) for s, f in phases))
+def links_of(phases: Iterable[Any]) -> Chain:
+    """A plan's chain from GetPlan's phases (each with start_step and fingerprint)."""
+    return tuple(sorted((int(p.start_step), str(p.fingerprint)) for p in phases))
 
 
 def at(chain: Sequence[Link], step: int) -> str | None:
@@ -126,3 +128,59 @@ def check_resume(job: str, recorded: Sequence[Link], next_step: int, server: Cha
             "restore the plan (or the job's seed and sources), or start a new run",
             step,
         )
+
+
+def held(watch: PlanWatch, job: str, step: int) -> tuple[int, str] | None:
+    """The servers' disagreement a batch of `step` is held back by, if any."""
+    conflict = watch.conflict(job)
+    return conflict if conflict is not None and step >= conflict[0] else None
+
+
+def held_too_long(job: str, step: int, conflict: tuple[int, str]) -> PlanConflict:
+    return PlanConflict(
+        f"job {job!r}: step {step} not handed over: {conflict[1]}; make the servers' plans "
+        "agree (tokenfeed plan show/append on each), or give them a shared store",
+        conflict[0],
+    )
+
+
+def check_agreed(job: str, step: int, fingerprint: str, server: str, chains: dict) -> None:
+    """Once the servers agree: a batch made under a plan they no longer hold is refused."""
+    agreed = next(iter(chains.values()), ())
+    if at(agreed, step) not in (None, fingerprint):
+        raise PlanConflict(
+            f"job {job!r}: step {step} came from server {server} under a plan the servers no "
+            f"longer hold ({fingerprint}); ask for it again",
+            step,
+        )
+
+
+class ReadRecord:
+    """What one rank has read, for its checkpoint: the job's fingerprint (the first seen binds
+    the run) and the plan links of the phases read (the trainer adapters and the torch
+    dataset keep one each)."""
+
+    def __init__(self, job: str):
+        self.job, self.job_fingerprint = job, ""
+        self.plan_links: dict[int, str] = {}  # phase start -> plan fingerprint
+
+    def check(self, fingerprint: str, source: str) -> None:
+        """Adopt the first job fingerprint seen; refuse any other after it."""
+        if self.job_fingerprint and fingerprint and fingerprint != self.job_fingerprint:
+            raise JobMismatch(
+                f"job {self.job!r}: {source} has job fingerprint {fingerprint}, but this run "
+                f"(or its checkpoint) read {self.job_fingerprint}; the job's definition "
+                "changed since the checkpoint"
+            )
+        self.job_fingerprint = self.job_fingerprint or fingerprint
+
+    def saw(
+        self, job_fingerprint: str, phase_start: int, plan_fingerprint: str, server: str
+    ) -> None:
+        self.check(job_fingerprint, f"server {server}")
+        if plan_fingerprint:
+            self.plan_links[phase_start] = plan_fingerprint
+
+    def links(self, next_step: int) -> Chain:
+        """The links of the phases of the steps read (those before `next_step`)."""
+        return tuple(sorted((s, f) for s, f in self.plan_links.items() if s < next_step))

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 from tokenfeed.client._client import Client
+from tokenfeed.client._plans import ReadRecord
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import JobMismatch
 from tokenfeed.client.wire import TENSOR_NAMES, Compact
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -104,8 +104,7 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
             raise ValueError("no job: pass job= here or to Client(...)")
         self.rank, self.world_size = rank, world_size
         self.next_step, self.end_step = start_step, end_step
-        self.job_fingerprint = ""
-        self.plan_links: dict[int, str] = {}  # phase start -> plan fingerprint, of steps read
+        self.read = ReadRecord(self.job)  # the job and plan it read: what a checkpoint holds
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -118,9 +117,9 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
             self.next_step, self.end_step, self.rank, self.world_size, job=self.job
         )
         for batch in batches:
-            self._check(batch.job_fingerprint, f"server {batch.server}")
-            if batch.plan_fingerprint:
-                self.plan_links[batch.plan_phase_start] = batch.plan_fingerprint
+            self.read.saw(
+                batch.job_fingerprint, batch.plan_phase_start, batch.plan_fingerprint, batch.server
+            )
             # Counted as consumed once handed over: a checkpoint taken after the trainer
             # processed this batch resumes at the next one.
             self.next_step = batch.step + 1
@@ -129,23 +128,17 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
             else:
                 yield {name: torch.from_numpy(np.array(arr)) for name, arr in batch.items()}
 
-    def _check(self, fingerprint: str, source: str) -> None:
-        """Adopt the first fingerprint seen; refuse any other after it."""
-        if self.job_fingerprint and fingerprint and fingerprint != self.job_fingerprint:
-            raise JobMismatch(
-                f"job {self.job!r}: {source} has job fingerprint {fingerprint}, but this run "
-                f"(or its checkpoint) read {self.job_fingerprint}; the job's definition "
-                "changed since the checkpoint"
-            )
-        self.job_fingerprint = self.job_fingerprint or fingerprint
+    @property
+    def job_fingerprint(self) -> str:
+        return self.read.job_fingerprint
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             "next_step": self.next_step,
             "job": self.job,
-            "job_fingerprint": self.job_fingerprint,
+            "job_fingerprint": self.read.job_fingerprint,
         }
-        links = sorted((s, f) for s, f in self.plan_links.items() if s < self.next_step)
+        links = self.read.links(self.next_step)
         if links:  # the data plan's phases the run read (docs/data-plan.md)
             state["plan"] = [[s, f] for s, f in links]
         return state
@@ -155,12 +148,12 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
             raise ValueError(f"checkpoint is for job {state.get('job')!r}, not {self.job!r}")
         # The checkpoint's fingerprint (empty if it was taken before any batch) binds the run;
         # the server's is checked now if its index is built, and on every batch anyway.
-        self.job_fingerprint = state.get("job_fingerprint", "")
-        self._check(self.client.describe(self.job)["fingerprint"], "the server")
+        self.read.job_fingerprint = state.get("job_fingerprint", "")
+        self.read.check(self.client.describe(self.job)["fingerprint"], "the server")
         self.next_step = int(state["next_step"])
         links = [(int(s), str(f)) for s, f in state.get("plan") or ()]
         if links:  # the plan now must decide every step the run read as it did then
             self.client.check_plan(links, self.next_step, job=self.job)
-        self.plan_links = dict(links)
+        self.read.plan_links = dict(links)
         # The resume step's batches start coming while the trainer restores the rest.
         self.client.warm(self.next_step, self.rank, self.world_size, job=self.job)

@@ -14,8 +14,8 @@ from typing import Any
 
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import Client
+from tokenfeed.client._plans import ReadRecord
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import JobMismatch
 from tokenfeed.client.integrations._state import FeedState
 
 
@@ -42,8 +42,7 @@ class RankFeed:
             raise ValueError("no job: pass job= here or to Client(...)")
         self.rank, self.world_size = rank, world_size
         self.next_step, self.end_step = start_step, end_step
-        self.job_fingerprint = ""
-        self.plan_links: dict[int, str] = {}  # phase start -> plan fingerprint, of steps read
+        self.read = ReadRecord(self.job)  # the job and plan it read: what a checkpoint holds
 
     def batches(self) -> Generator[Batch, None, None]:
         """The batches from `next_step` on (read ahead by the client), each counted as
@@ -53,27 +52,24 @@ class RankFeed:
         )
         try:
             for batch in stream:
-                self._check(batch.job_fingerprint, f"server {batch.server}")
-                if batch.plan_fingerprint:
-                    self.plan_links[batch.plan_phase_start] = batch.plan_fingerprint
+                self.read.saw(
+                    batch.job_fingerprint,
+                    batch.plan_phase_start,
+                    batch.plan_fingerprint,
+                    batch.server,
+                )
                 self.next_step = batch.step + 1
                 yield batch
         finally:
             stream.close()
 
-    def _check(self, fingerprint: str, source: str) -> None:
-        """Adopt the first fingerprint seen; refuse any other after it."""
-        if self.job_fingerprint and fingerprint and fingerprint != self.job_fingerprint:
-            raise JobMismatch(
-                f"job {self.job!r}: {source} has job fingerprint {fingerprint}, but this run "
-                f"(or its checkpoint) read {self.job_fingerprint}; the job's definition "
-                "changed since the checkpoint"
-            )
-        self.job_fingerprint = self.job_fingerprint or fingerprint
+    @property
+    def job_fingerprint(self) -> str:
+        return self.read.job_fingerprint
 
     def state(self) -> FeedState:
-        links = tuple(sorted((s, f) for s, f in self.plan_links.items() if s < self.next_step))
-        return FeedState(self.next_step, self.job, self.job_fingerprint, links)
+        links = self.read.links(self.next_step)
+        return FeedState(self.next_step, self.job, self.read.job_fingerprint, links)
 
     def state_dict(self) -> dict[str, Any]:
         return self.state().to_dict()
@@ -84,10 +80,9 @@ class RankFeed:
             state = FeedState.from_dict(state)
         if state.job != self.job:
             raise ValueError(f"checkpoint is for job {state.job!r}, not {self.job!r}")
-        self.job_fingerprint = state.job_fingerprint
         if state.plan:  # the plan now must decide every step the run read as it did then
             self.client.check_plan(state.plan, state.next_step, job=self.job)
-        self.plan_links = dict(state.plan)
+        self.read.job_fingerprint, self.read.plan_links = state.job_fingerprint, dict(state.plan)
         self.resume_at(state.next_step)
 
     def resume_at(self, step: int) -> None:

@@ -88,7 +88,8 @@ def _datamodule_class() -> type:
                 return {}
             state = self.feed.state()
             if self._trained is not None:
-                state = FeedState(self._trained, state.job, state.job_fingerprint)
+                links = self.feed.read.links(self._trained)  # the steps it trained on
+                state = FeedState(self._trained, state.job, state.job_fingerprint, links)
             return state.to_dict()
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:

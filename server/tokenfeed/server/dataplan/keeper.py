@@ -83,6 +83,12 @@ class PlanKeeper:
             raise LocalError(f"plan log {self.where}: {e}") from e
         return (None, tag) if raw is None else (PlanLog.from_bytes(raw, self.where), tag)
 
+    def _read_existing(self) -> tuple[PlanLog, str]:
+        found, tag = self._read()
+        if found is None:
+            raise LocalError(f"plan log {self.where} is missing")
+        return found, tag
+
     def _write(self, new: PlanLog, tag: str) -> str:
         try:
             return self.blobs.put_if(self.name, new.to_bytes(), tag)
@@ -161,9 +167,7 @@ class PlanKeeper:
         with self._lock:
             try:
                 while True:
-                    found, tag = self._read()
-                    if found is None:
-                        raise LocalError(f"plan log {self.where} is missing")
+                    found, tag = self._read_existing()
                     if found.horizon >= step:
                         return self._adopt(found)
                     new = found.with_horizon(step + self.freeze_ahead, step)
@@ -173,10 +177,9 @@ class PlanKeeper:
                         continue
                     return self._adopt(new)
             except LocalError as e:
-                raise NotReadyError(
-                    f"job {self.spec.name}: this server cannot confirm the data plan for step "
-                    f"{step} ({e}); retry, or ask another server",
-                    retry_after=RETRY_AFTER_SECONDS,
+                raise self._unreachable(
+                    f"this server cannot confirm the data plan for step {step} ({e}); retry, "
+                    "or ask another server"
                 ) from e
 
     # ---------------------------------------------------------------- changing
@@ -190,9 +193,7 @@ class PlanKeeper:
         with self._lock:
             try:
                 while True:
-                    found, tag = self._read()
-                    if found is None:
-                        raise LocalError(f"plan log {self.where} is missing")
+                    found, tag = self._read_existing()
                     if expected_version and found.version != expected_version:
                         raise PlanChangedError(
                             f"job {self.spec.name}: the plan is at version {found.version}, "
@@ -221,8 +222,10 @@ class PlanKeeper:
                     )
                     return self._adopt(new), replaced
             except LocalError as e:
-                raise NotReadyError(
-                    f"job {self.spec.name}: the plan log {self.where} cannot be changed now "
-                    f"({e}); nothing changed, retry",
-                    retry_after=RETRY_AFTER_SECONDS,
+                raise self._unreachable(
+                    f"the plan log {self.where} cannot be changed now ({e}); nothing changed, retry"
                 ) from e
+
+    def _unreachable(self, why: str) -> NotReadyError:
+        """UNAVAILABLE with a retry hint: another server, or a later try, may do better."""
+        return NotReadyError(f"job {self.spec.name}: {why}", retry_after=RETRY_AFTER_SECONDS)

@@ -32,6 +32,7 @@ from tokenfeed.server.errors import (
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
 from tokenfeed.server.indexing.owner import ChunkOwner
+from tokenfeed.server.jobs.fingerprints import fixed_parts
 from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
@@ -264,17 +265,7 @@ class Job:
         t = self.tokenizer
         if t is None or not all(i.fingerprint for i in self.indexes):
             return []
-        s = self.spec
-        base = [
-            f"format={CHUNK_FORMAT_VERSION}",
-            f"packing_version={packing.PACKING_VERSION}",
-            f"seed={s.seed}",
-            f"packing={s.packing}",
-            f"window={s.window_chunks}",
-            f"eos={t.eos_id}",
-            f"bos={t.bos_id}",
-            f"add_bos={t.add_bos}",
-        ]
+        base = fixed_parts(self.spec, t)
         chain = self.plans.chain(base, [i.fingerprint for i in self.indexes])
         self._chain = (plan, chain)
         return chain

@@ -93,18 +93,7 @@ def open_server(config: Config) -> Stack:
     storage = ObjectStorage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    keepers = plan_keepers(config, storage, cache)
-    jobs = {
-        spec.name: Job(
-            spec,
-            store,
-            storage,
-            shared,
-            stream_cache_bytes=config.server.stream_cache_bytes,
-            keeper=keepers[spec.name],
-        )
-        for spec in config.jobs
-    }
+    jobs = _jobs(config, store, storage, shared, None, plan_keepers(config, storage, cache))
     cache.set_policy(FutureUse(list(jobs.values())))
     return Stack(config, storage, store, shared, jobs)
 
@@ -115,20 +104,31 @@ def open_worker(config: Config, upstream: Upstream) -> Stack:
     only: no block cache here."""
     store = TokenStoreView(config.server.cache_dir)
     storage = ObjectStorage(config.object_store)
-    keepers = plan_keepers(config, storage, None)
-    jobs = {
+    jobs = _jobs(config, store, storage, None, upstream, plan_keepers(config, storage, None))
+    return Stack(config, storage, store, None, jobs)
+
+
+def _jobs(
+    config: Config,
+    store: TokenStore,
+    storage: ObjectStorage,
+    shared: SharedStore | None,
+    upstream: Upstream | None,
+    keepers: dict[str, PlanKeeper],
+) -> dict[str, Job]:
+    """A serving process's jobs: each with its plan log's keeper."""
+    return {
         spec.name: Job(
             spec,
             store,
             storage,
-            None,
+            shared,
             upstream,
             config.server.stream_cache_bytes,
             keepers[spec.name],
         )
         for spec in config.jobs
     }
-    return Stack(config, storage, store, None, jobs)
 
 
 def open_build(config: Config, names: list[str], *, planner: bool) -> Stack:

@@ -258,19 +258,8 @@ class Assembler:
         d, segment = (key, 0) if isinstance(key, int) else key
 
         def make() -> packing.RowBuffer:
-            t, pc = self.loaded_tokenizer, self._tail(d, epoch, position, segment)
-            keys = [("chunk", self.indexes[d].keys[k]) for k in pc.chunk.tolist()]
-            with self.store.cache.pinned(keys):
-                tail = [
-                    self._tail_piece(d, e, k, lo, hi)
-                    for e, k, lo, hi in zip(
-                        pc.epoch.tolist(),
-                        pc.chunk.tolist(),
-                        pc.lo.tolist(),
-                        pc.hi.tolist(),
-                        strict=True,
-                    )
-                ]
+            t = self.loaded_tokenizer
+            tail = self._laid(d, self._tail(d, epoch, position, segment))
             return packing.row_buffer(
                 self.stream(d, epoch, c),
                 self._verified(d, c).tokens,
@@ -291,18 +280,7 @@ class Assembler:
 
         def make() -> packing.RowBuffer:
             pc, joins = self._carry(d, segment, block)
-            keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
-            with self.store.cache.pinned(keys):
-                laid = [
-                    self._tail_piece(d, e, k, lo, hi)
-                    for e, k, lo, hi in zip(
-                        pc.epoch.tolist(),
-                        pc.chunk.tolist(),
-                        pc.lo.tolist(),
-                        pc.hi.tolist(),
-                        strict=True,
-                    )
-                ]
+            laid = self._laid(d, pc)
             ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self.wire_dtype)
             at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
             found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
@@ -310,6 +288,13 @@ class Assembler:
             return packing.RowBuffer(ids, starts.astype(np.int64))
 
         return self.buffers.get_or_make((key, -1, block), make)
+
+    def _laid(self, d: int, pc: order.Pieces) -> list[packing.RowBuffer]:
+        """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
+        keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
+        cols = (pc.epoch.tolist(), pc.chunk.tolist(), pc.lo.tolist(), pc.hi.tolist())
+        with self.store.cache.pinned(keys):
+            return [self._tail_piece(d, e, k, lo, hi) for e, k, lo, hi in zip(*cols, strict=True)]
 
     def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
         """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
