@@ -130,9 +130,15 @@ def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
         on_a = next(r for r, addr in ranks.items() if addr == a.address)
         on_b = next(r for r, addr in ranks.items() if addr == b.address)
         with Client(f"{a.address},{b.address}", job="main") as c:
-            c.get_batch(0, rank=on_a, world_size=8)
+            # The client compares its servers' plans before it hands over a first batch
+            # (docs/data-plan.md): refused at once, whichever server a rank reads from.
+            for rank in (on_a, on_b):
+                with pytest.raises(JobMismatch, match="define this job differently"):
+                    c.get_batch(0, rank=rank, world_size=8)
+        with Client(f"{a.address},{b.address}", job="main", plan_check_seconds=0) as c:
+            c.get_batch(0, rank=on_a, world_size=8)  # without the comparison: each batch's
             with pytest.raises(JobMismatch, match="define this job differently"):
-                c.get_batch(0, rank=on_b, world_size=8)
+                c.get_batch(0, rank=on_b, world_size=8)  # job fingerprint still refuses
     finally:
         a.stop(), b.stop()
 

@@ -83,7 +83,9 @@ def test_a_checkpoint_resumes_across_an_amendment_and_not_across_a_rewrite(tmp_p
 def test_servers_with_their_own_plans_are_caught_before_a_step_they_disagree_on(tmp_path, texts):
     """Two servers, each its own plan log. A change made on one only: a rank reading through
     either holds back the first step of the change until the other has it too, then reads the
-    changed plan; no batch of that step is handed over before."""
+    changed plan; no batch of that step is handed over before. (The change is made more than
+    plan_check_seconds before the rank reaches it: a rank reading only from the lagging
+    server learns of it at its next comparison, docs/data-plan.md.)"""
     a = serve(tmp_path, "a", mixture(tmp_path, texts))
     b = serve(tmp_path, "b", mixture(tmp_path, texts))
     ref = serve(
@@ -117,6 +119,7 @@ def test_servers_with_their_own_plans_are_caught_before_a_step_they_disagree_on(
             time.sleep(0.05)
         with Client(a.address, job="main") as c:
             c.amend_plan(30, weights={"code": 1})
+        time.sleep(0.5)  # more than plan_check_seconds: the trainer's next comparison sees it
         waiting.set()
         time.sleep(3)  # the trainer reaches step 30 and is held back there
         assert 30 not in handed and not errors, errors

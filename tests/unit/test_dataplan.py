@@ -152,7 +152,10 @@ def test_two_keepers_racing_on_one_log_never_lose_a_write(tmp_path):
         t.join()
     assert not errors
     final = keepers[0].refresh()
-    assert final.horizon >= 199 and final.served == 199
+    # `served` is the furthest step that moved the horizon: a step already covered by the
+    # other keeper's move (within freeze_ahead) writes nothing.
+    assert final.horizon >= 199 and 198 <= final.served <= 199
+    assert final.horizon == final.served + 1
     assert final.revision >= 2  # every write bumped it
     # An append at a frozen step is refused, one after the horizon lands, and the other
     # keeper's view of the old version is refused a versioned change.

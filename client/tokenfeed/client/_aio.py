@@ -105,6 +105,7 @@ class AsyncClient(ClientBase):
                     else:
                         warmed.close()
                     return await self._admit(batch)
+        await self._hold(name, step)
         asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = await self._unary("GetBatch", request, name, rank, timeout, waits=True)
@@ -151,7 +152,10 @@ class AsyncClient(ClientBase):
         check_resume(name, tuple(links), next_step, server)
 
     async def _chains(self, job: str) -> dict[str, tuple[tuple[int, str], ...]]:
-        out = {}
+        """The plan of each log the servers keep (servers sharing a store keep one: its
+        freshest copy speaks for it, a lagging copy is a stale read, not another plan);
+        servers that do not answer are left out."""
+        newest: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
         for addr in self.session.fleet.addresses():
             try:
                 info = await self.stub(addr).GetPlan(
@@ -161,7 +165,10 @@ class AsyncClient(ClientBase):
                 )
             except grpc.RpcError:
                 continue
-            out[addr] = links_of(info.phases)
+            key = info.log or addr
+            if key not in newest or info.version > newest[key][0]:
+                newest[key] = (info.version, links_of(info.phases))
+        out = {key: chain for key, (_, chain) in newest.items()}
         return out
 
     async def _admit(self, batch: Batch) -> Batch:
@@ -169,15 +176,19 @@ class AsyncClient(ClientBase):
         job = batch.job
         if self.session.plan_check_due(job, self.plan_check_seconds):
             self.session.plans.compare(job, await self._chains(job))
+        await self._hold(job, batch.step, batch)
+        return batch
+
+    async def _hold(self, job: str, step: int, batch: Batch | None = None) -> None:
+        """See `Client._hold`."""
         watch, deadline = self.session.plans, time.monotonic() + self.session.policy.timeout
-        while (conflict := held(watch, job, batch.step)) is not None:
-            if time.monotonic() >= deadline:
-                raise held_too_long(job, batch.step, conflict)
+        while (conflict := held(watch, job, step)) is not None:
+            if time.monotonic() >= deadline or conflict[0] == 0:  # step 0: not a rolling change
+                raise held_too_long(job, step, conflict)
             await asyncio.sleep(min(1.0, self.session.policy.max_backoff))
             chains = await self._chains(job)
-            if watch.compare(job, chains) is None:
-                check_agreed(job, batch.step, batch.plan_fingerprint, batch.server, chains)
-        return batch
+            if watch.compare(job, chains) is None and batch is not None:
+                check_agreed(job, step, batch.plan_fingerprint, batch.server, chains)
 
     async def describe(self, job: str | None = None) -> dict:
         name = self._job(job)

@@ -152,7 +152,8 @@ class Client(ClientBase):
                 else:
                     with self._lock:
                         self._warm.setdefault((name, rank, world_size), warmed)
-                return batch
+                return self._admit(batch)
+        self._hold(name, step)
         asked = time.perf_counter()
         request = pb.GetBatchRequest(job=name, step=step, rank=rank, world_size=world_size)
         addr, msg = self._unary("GetBatch", request, name, rank, timeout, waits=True)
@@ -210,8 +211,10 @@ class Client(ClientBase):
         return [list(link) for link in self.session.plans.links(self._job(job), next_step)]
 
     def _chains(self, job: str) -> dict[str, tuple[tuple[int, str], ...]]:
-        """Every server's plan chain (servers that do not answer are left out)."""
-        out = {}
+        """The plan of each log the servers keep (servers sharing a store keep one: its
+        freshest copy speaks for it, a lagging copy is a stale read, not another plan);
+        servers that do not answer are left out."""
+        newest: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
         for addr in self.session.fleet.addresses():
             try:
                 info = self.stub(addr).GetPlan(
@@ -221,7 +224,10 @@ class Client(ClientBase):
                 )
             except grpc.RpcError:
                 continue
-            out[addr] = links_of(info.phases)
+            key = info.log or addr
+            if key not in newest or info.version > newest[key][0]:
+                newest[key] = (info.version, links_of(info.phases))
+        out = {key: chain for key, (_, chain) in newest.items()}
         return out
 
     def _admit(self, batch: Batch) -> Batch:
@@ -231,15 +237,21 @@ class Client(ClientBase):
         job = batch.job
         if self.session.plan_check_due(job, self.plan_check_seconds):
             self.session.plans.compare(job, self._chains(job))
+        self._hold(job, batch.step, batch)
+        return batch
+
+    def _hold(self, job: str, step: int, batch: Batch | None = None) -> None:
+        """Returns once no known disagreement of the servers covers `step`. Asked before a
+        step is fetched too: a lagging server asked for it would freeze it under its old
+        plan, and the change could then never be made there."""
         watch, deadline = self.session.plans, time.monotonic() + self.session.policy.timeout
-        while (conflict := held(watch, job, batch.step)) is not None:
-            if time.monotonic() >= deadline:
-                raise held_too_long(job, batch.step, conflict)
+        while (conflict := held(watch, job, step)) is not None:
+            if time.monotonic() >= deadline or conflict[0] == 0:  # step 0: not a rolling change
+                raise held_too_long(job, step, conflict)
             time.sleep(min(1.0, self.session.policy.max_backoff))
             chains = self._chains(job)
-            if watch.compare(job, chains) is None:
-                check_agreed(job, batch.step, batch.plan_fingerprint, batch.server, chains)
-        return batch
+            if watch.compare(job, chains) is None and batch is not None:
+                check_agreed(job, step, batch.plan_fingerprint, batch.server, chains)
 
     def iter_batches(
         self,

@@ -137,6 +137,12 @@ def held(watch: PlanWatch, job: str, step: int) -> tuple[int, str] | None:
 
 
 def held_too_long(job: str, step: int, conflict: tuple[int, str]) -> PlanConflict:
+    if conflict[0] == 0:  # no change of plan starts at step 0: the job itself differs
+        return PlanConflict(
+            f"job {job!r}: {conflict[1]}: the servers define this job differently (another "
+            "seed, tokenizer or sources); give them one config",
+            0,
+        )
     return PlanConflict(
         f"job {job!r}: step {step} not handed over: {conflict[1]}; make the servers' plans "
         "agree (tokenfeed plan show/append on each), or give them a shared store",

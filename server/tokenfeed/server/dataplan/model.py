@@ -113,7 +113,7 @@ def amend(
     if at <= horizon:
         raise PlanFrozenError(
             f"step {at} is frozen: the plan of job {spec.name} can no longer change through "
-            f"step {horizon} (the fleet has served through step {served}); start the phase "
+            f"step {horizon} (a server has served step {served}); start the phase "
             f"at step {horizon + 1} or later"
         )
     kept = tuple(p for p in plan.phases if p.start_step < at)

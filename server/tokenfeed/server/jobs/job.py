@@ -222,15 +222,14 @@ class Job:
         """Everything that decides the bytes of the job's batches as the run started (its plan
         at version 1: the same on every server however the plan was amended since, and
         whatever their config files say now); known once the plan log is open and every first
-        dataset's chunks are planned (before they are tokenized), empty until then."""
+        dataset's chunks are planned (before they are tokenized), empty until then. Before
+        the log is open (a job built by hand) it is the config's plan's, not kept."""
+        if self._fingerprint:
+            return self._fingerprint
         t, first = self.tokenizer, self.plans.first
         indexes = self.indexes[: len(first.datasets)]
-        if (
-            not self._fingerprint
-            and t is not None
-            and self.plans.is_open
-            and all(i.fingerprint for i in indexes)
-        ):
+        fingerprint = ""
+        if t is not None and all(i.fingerprint for i in indexes):
             s = self.spec
             parts = [
                 f"format={CHUNK_FORMAT_VERSION}",
@@ -251,8 +250,10 @@ class Job:
             ]
             parts += [f"dataset={i.fingerprint}" for i in indexes]
             digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16)
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
+            fingerprint = digest.hexdigest()
+            if self.plans.is_open:
+                self._fingerprint = fingerprint
+        return fingerprint
 
     def chain(self) -> list[tuple[int, str]]:
         """(start step, fingerprint) of each phase of the plan in force (JobPlan.chain): known

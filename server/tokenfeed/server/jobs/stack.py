@@ -16,6 +16,7 @@ called here only).
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,10 +76,11 @@ def plan_keepers(
         blobs, where = S3Blobs(storage.s3(), uri), uri
     elif uri:
         blobs, where = LocalBlobs(uri), uri
-    elif cache is not None:
-        blobs, where = CacheBlobs(cache), config.server.cache_dir
     else:
-        blobs, where = LocalBlobs(config.server.cache_dir), config.server.cache_dir
+        # A cache directory's log is this host's alone: named with the host, so that clients
+        # comparing servers' plans tell two servers' own logs apart (client/_plans.py).
+        where = f"{socket.gethostname()}:{config.server.cache_dir}"
+        blobs = CacheBlobs(cache) if cache is not None else LocalBlobs(config.server.cache_dir)
     return {
         spec.name: PlanKeeper(spec, blobs, where, config.origin, config.server.plan_freeze_steps)
         for spec in config.jobs
