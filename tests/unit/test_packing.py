@@ -170,3 +170,33 @@ def test_chunk_of_only_empty_documents():
 def test_concat_contract(data, lengths, seq_len, add_bos):
     order = data.draw(st.permutations(range(len(lengths))))
     check_rows(lengths, np.array(order, dtype=np.int64), seq_len, add_bos)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    add_bos=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_stream_laid_out_by_slices_equals_the_gather(lengths, add_bos, seed):
+    # lay_out copies a document at a time where documents are long enough on average and
+    # gathers token by token (fill_concat) otherwise: both must give the same ids and starts.
+    from tokenfeed.server.pack import packing
+
+    tokens, offsets, lens = make_chunk(lengths, dtype=np.uint16)
+    doc_order = np.random.default_rng(seed).permutation(len(lengths))
+    stream = concat_stream(offsets, lens, doc_order, add_bos)
+    want = np.full(stream.total, 9999, dtype=np.uint16)
+    one = np.ones(1, dtype=np.int64)
+    want_starts = packing.fill_concat(
+        stream, tokens, 0 * one, stream.total * one, 0 * one, BOS, EOS, want
+    )
+    for mean in (0, 10**9):  # every chunk by slices, then every chunk by the gather
+        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        try:
+            got = np.full(stream.total, 7777, dtype=np.uint16)
+            starts = packing.lay_out(stream, tokens, got, BOS, EOS)
+        finally:
+            packing.SLICE_MEAN_TOKENS = was
+        assert np.array_equal(got, want)
+        assert np.array_equal(starts, want_starts)

@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
+import xxhash
 from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
@@ -55,6 +56,9 @@ class Assembler:
         # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
         self.buffers: LRU[tuple[int, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
         self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
+        # xxh3-128 of each chunk's tokens as mapped when its digests were last checked
+        # (`_verified`): 16 bytes a chunk.
+        self._sums: dict[str, bytes] = {}
         store.cache.on_evict(self._forget)
 
     @property
@@ -185,6 +189,7 @@ class Assembler:
     def _forget(self, entry: tuple[str, str]) -> None:
         """An evicted body is no longer mapped here (called with the cache's lock held)."""
         kind, key = entry
+        self._sums.pop(key, None)
         for d, idx in enumerate(self.indexes):
             c = idx.keys.get(key) if kind == "chunk" else None
             if c is not None:
@@ -253,12 +258,24 @@ class Assembler:
         )
 
     def _verified(self, d: int, c: int) -> TokenChunk:
-        """Chunk c opened with its digests checked now, whatever was checked before: what is
+        """Chunk c opened with its tokens checked now, whatever was checked before: what is
         served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
-        while the server runs is found at the next copy, and the chunk rebuilt, never served."""
-        self.store.forget_verified(self.indexes[d].keys[c])
+        while the server runs is found at the next copy, and the chunk rebuilt, never served.
+        The first copy in this process checks the body's digests (the store's BLAKE2b, on
+        open) and keeps an xxh3-128 of the tokens as mapped; a later copy from the same
+        mapping compares the tokens with that at memory speed (BLAKE2b on every epoch's
+        layout cost about 3 ns a token, more than the rest of serving: bench/, wire section),
+        and on a mismatch checks the digests again, which drops and rebuilds a damaged body."""
+        key = self.indexes[d].keys[c]
+        opened, want = self._open.peek((d, c)), self._sums.get(key)
+        if opened is not None and want is not None and not self.store.gone(key):
+            if _tokens_sum(opened) == want:
+                return opened
+        self.store.forget_verified(key)
         self._open.discard((d, c))
-        return self.chunk(d, c)
+        chunk = self.chunk(d, c)
+        self._sums[key] = _tokens_sum(chunk)
+        return chunk
 
     def bestfit_tokens(self, d: int, c: int) -> np.ndarray:
         """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
@@ -271,3 +288,7 @@ class Assembler:
             return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.loaded_tokenizer.add_bos)
 
         return self._layouts.get_or_make((d, c), make)
+
+
+def _tokens_sum(chunk: TokenChunk) -> bytes:
+    return xxhash.xxh3_128_digest(memoryview(np.ascontiguousarray(chunk.tokens)).cast("B"))
