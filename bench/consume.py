@@ -3,8 +3,9 @@
     python -m bench.consume --target ADDR --job JOB --steps N [--mode stream|unary|raw]
                             [--rank R --world W] [--start S] [--wrap E] [--sync]
 
-Prints one JSON line: {"tokens", "seconds", "batches", "began", "ended"} (began and ended:
-wall-clock times, so the runs of several consumers can be put on one clock). `raw` reads the
+Prints one JSON line: {"tokens", "seconds", "batches", "began", "ended", "cpu"} (began and
+ended: wall-clock times, so the runs of several consumers can be put on one clock; cpu: this
+process's CPU seconds over the run). `raw` reads the
 stream with a bare gRPC stub and touches only the message's token bytes; the other modes use
 the real client (decode, fingerprint check, `input_ids` and `labels` as int32 arrays), as a
 trainer does. `--wrap E` reads steps start .. start + E - 1 over and over (E: the steps of one
@@ -62,7 +63,7 @@ def consume(
             stub = pb_grpc.TokenFeedStub(channel)
             if sync:
                 wait_for_go()
-            wall, began = time.time(), time.perf_counter()
+            wall, began, cpu = time.time(), time.perf_counter(), time.process_time()
             for a, b in spans(start, steps, wrap):
                 request = pb.StreamBatchesRequest(
                     job=job, start_step=a, end_step=b, rank=rank, world_size=world
@@ -71,12 +72,12 @@ def consume(
                     tokens += msg.rows * msg.seq_len
                     batches += 1
             seconds = time.perf_counter() - began
-        return _figures(tokens, seconds, batches, wall)
+        return _figures(tokens, seconds, batches, wall, time.process_time() - cpu)
     with Client(target, job=job) as client:
         client.describe()  # connected before the clock starts (no row read: each is read once)
         if sync:
             wait_for_go()
-        wall, began = time.time(), time.perf_counter()
+        wall, began, cpu = time.time(), time.perf_counter(), time.process_time()
         if mode == "stream":
             batch_iter = (
                 batch
@@ -95,11 +96,12 @@ def consume(
             batches += 1
             assert labels.shape == ids.shape
         seconds = time.perf_counter() - began
-    return _figures(tokens, seconds, batches, wall)
+    return _figures(tokens, seconds, batches, wall, time.process_time() - cpu)
 
 
-def _figures(tokens: int, seconds: float, batches: int, wall: float) -> dict:
+def _figures(tokens: int, seconds: float, batches: int, wall: float, cpu: float) -> dict:
     return {
+        "cpu": cpu,
         "tokens": tokens,
         "seconds": seconds,
         "batches": batches,

@@ -10,7 +10,7 @@ no (de)serializer) with the same pre-built `bytes` object over and over, `N` byt
 copies it into its frames as it does tokenfeed's serialized batches. `--procs P` starts P
 processes on one port (SO_REUSEPORT, as `server.workers` does), so the reference of a
 multi-worker server has as many serving processes. The reader prints one JSON line like
-bench/consume.py's: {"tokens", "seconds", "batches", "began", "ended", "bytes"}, and takes
+bench/consume.py's: {"tokens", "seconds", "batches", "began", "ended", "cpu", "bytes"}, and takes
 its `--sync` (print "ready", start on a line on stdin).
 """
 
@@ -122,13 +122,15 @@ def read(target: str, messages: int, tokens_per_message: int, sync: bool = False
         if sync:
             print("ready", flush=True)
             sys.stdin.readline()
-        wall, began = time.time(), time.perf_counter()
+        wall, began, cpu = time.time(), time.perf_counter(), time.process_time()
         for msg in call(messages.to_bytes(8, "little")):
             view = np.frombuffer(msg, dtype=np.uint8)
             size += view.size
             got += 1
         seconds = time.perf_counter() - began
+        cpu = time.process_time() - cpu
     return {
+        "cpu": cpu,
         "tokens": got * tokens_per_message,
         "seconds": seconds,
         "batches": got,

@@ -13,6 +13,7 @@ served.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from functools import partial
@@ -59,6 +60,10 @@ class Assembler:
         # xxh3-128 of each chunk's tokens as mapped when its digests were last checked
         # (`_verified`): 16 bytes a chunk.
         self._sums: dict[str, bytes] = {}
+        # Row buffers being laid out, by key: a buffer is laid out once for every stream and
+        # rank that needs it (the others wait for it), never once per thread that missed it.
+        self._making: dict[tuple[int, int, int], threading.Event] = {}
+        self._making_lock = threading.Lock()
         store.cache.on_evict(self._forget)
 
     @property
@@ -83,14 +88,17 @@ class Assembler:
         return self.store.cache.pinned(self.chunk_keys(plan))
 
     async def open_chunks(self, plan: Plan, executor: Executor) -> None:
-        """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
+        """Open (verify, or rebuild) in a worker thread the chunks a plan needs. Row buffers
+        are laid out in one task, from the last position of an epoch to the first: a buffer's
+        tail is then cut from the next buffer, laid out just before (bench/, wire section)."""
         missing: list[Callable[[], object]]
         if self.spec.packing == "concat":  # laid out in the epoch's order, with their tails
-            missing = [
-                partial(self.row_buffer, *key)
-                for key in plan.buffers
-                if not self.buffers.contains(key[:3])
-            ]
+            keys = sorted(
+                (k for k in plan.buffers if not self.buffers.contains(k[:3])),
+                key=lambda k: (k[0], k[1], k[3]),
+                reverse=True,
+            )
+            missing = [partial(self._row_buffers, keys)] if keys else []
         else:
             chunks = {(d, c) for d, _, c, _ in plan.buffers if not self.tokens.contains((d, c))}
             missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
@@ -101,6 +109,10 @@ class Assembler:
             except (SourceError, BadRecordError) as e:
                 self._fail(str(e))
                 raise JobFailedError(str(e)) from e
+
+    def _row_buffers(self, keys: list[tuple[int, int, int, int]]) -> None:
+        for key in keys:
+            self.row_buffer(*key)
 
     # ---------------------------------------------------------------- batches
 
@@ -217,32 +229,48 @@ class Assembler:
 
     def row_buffer(self, d: int, epoch: int, c: int, position: int) -> packing.RowBuffer:
         """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
-        concat stream and its tail, in the wire's dtype."""
+        concat stream and its tail, in the wire's dtype. Laid out by one thread at a time:
+        another that needs it meanwhile waits for it."""
+        key = (d, epoch, c)
+        while True:
+            found = self.buffers.peek(key)
+            if found is not None:
+                return self.buffers.get_or_make(key, partial(_same, found))  # now the newest
+            with self._making_lock:
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()  # laid out (or failed: then this thread tries) by another thread
+        try:
+            return self.buffers.get_or_make(key, partial(self._lay_out, d, epoch, c, position))
+        finally:
+            with self._making_lock:
+                del self._making[key]
+            making.set()
 
-        def make() -> packing.RowBuffer:
-            t, pc = self.loaded_tokenizer, self._tail(d, epoch, position)
-            keys = [("chunk", self.indexes[d].keys[k]) for k in pc.chunk.tolist()]
-            with self.store.cache.pinned(keys):
-                tail = [
-                    self._tail_piece(d, e, k, lo, hi)
-                    for e, k, lo, hi in zip(
-                        pc.epoch.tolist(),
-                        pc.chunk.tolist(),
-                        pc.lo.tolist(),
-                        pc.hi.tolist(),
-                        strict=True,
-                    )
-                ]
-            return packing.row_buffer(
-                self.stream(d, epoch, c),
-                self._verified(d, c).tokens,
-                tail,
-                t.bos_id,
-                t.eos_id,
-                self.wire_dtype,
-            )
-
-        return self.buffers.get_or_make((d, epoch, c), make)
+    def _lay_out(self, d: int, epoch: int, c: int, position: int) -> packing.RowBuffer:
+        t, pc = self.loaded_tokenizer, self._tail(d, epoch, position)
+        keys = [("chunk", self.indexes[d].keys[k]) for k in pc.chunk.tolist()]
+        with self.store.cache.pinned(keys):
+            tail = [
+                self._tail_piece(d, e, k, lo, hi)
+                for e, k, lo, hi in zip(
+                    pc.epoch.tolist(),
+                    pc.chunk.tolist(),
+                    pc.lo.tolist(),
+                    pc.hi.tolist(),
+                    strict=True,
+                )
+            ]
+        return packing.row_buffer(
+            self.stream(d, epoch, c),
+            self._verified(d, c).tokens,
+            tail,
+            t.bos_id,
+            t.eos_id,
+            self.wire_dtype,
+        )
 
     def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
         """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
@@ -291,4 +319,8 @@ class Assembler:
 
 
 def _tokens_sum(chunk: TokenChunk) -> bytes:
-    return xxhash.xxh3_128_digest(memoryview(np.ascontiguousarray(chunk.tokens)).cast("B"))
+    return xxhash.xxh3_128_digest(np.ascontiguousarray(chunk.tokens).data)
+
+
+def _same(value: packing.RowBuffer) -> packing.RowBuffer:
+    return value

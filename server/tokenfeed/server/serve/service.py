@@ -146,6 +146,15 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
             return job.assemble_steps(plan, steps)
 
+    async def _open_ahead(self, job: Job, plan: Plan) -> None:
+        """A plan's chunks opened and its row buffers laid out before it is served; a failure
+        is left for serving it to meet and report."""
+        try:
+            with job.pinned(plan):
+                await job.open_chunks(plan, self.io)
+        except Exception:  # noqa: BLE001 - serving the plan opens it again and reports
+            return
+
     async def _batches(
         self, job: Job, plan: Plan, steps: list[int], rank: int, world_size: int
     ) -> list[bytes]:
@@ -220,23 +229,38 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         seq_len = job.spec.seq_len
         seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
 
+        def block(first: int) -> list[int]:
+            """The steps planned in one pass from `first`: up to plan_group, never across a
+            change of batch size (a new phase), one at a time while the job builds (each step
+            goes as soon as its own rows are built)."""
+            size = job.schedule.batch_size(first)
+            steps, most = [first], plan_group(size // world_size)
+            if job.state != READY:
+                most = 1
+            while len(steps) < most and steps[-1] + 1 < end:
+                if job.schedule.batch_size(steps[-1] + 1) != size:
+                    break
+                steps.append(steps[-1] + 1)
+            return steps
+
         async def produce() -> None:
+            ahead: asyncio.Task | None = None
             try:
-                first = start
-                while first < end:
-                    # A plan never crosses a change of batch size (a new phase), and while
-                    # the job builds each step goes as soon as its own rows are built.
-                    size = job.schedule.batch_size(first)
-                    steps, most = [first], plan_group(size // world_size)
-                    if job.state != READY:
-                        most = 1
-                    while len(steps) < most and steps[-1] + 1 < end:
-                        if job.schedule.batch_size(steps[-1] + 1) != size:
-                            break
-                        steps.append(steps[-1] + 1)
-                    first = steps[-1] + 1
+                steps = block(start)
+                plan = await self._plan(job, steps, rank, world_size, context)
+                while True:
                     started = time.perf_counter()
-                    plan = await self._plan(job, steps, rank, world_size, context)
+                    following = steps[-1] + 1
+                    later: tuple[list[int], Plan] | None = None
+                    if following < end and job.state == READY:
+                        # The next block's row buffers are laid out (in a chunk-io thread) while
+                        # this block's batches are assembled and sent: an epoch's first read of
+                        # a chunk costs the stream no wait where the work overlaps (bench/,
+                        # wire section). Its errors are the next block's own to raise.
+                        nxt = block(following)
+                        later = (nxt, await self._plan(job, nxt, rank, world_size, context))
+                        ahead = asyncio.create_task(self._open_ahead(job, later[1]))
+                    size = job.schedule.batch_size(steps[0])
                     per = stream_group(size // world_size, seq_len)
                     for i, part in enumerate(job.split_plan(plan, len(steps), per)):
                         group = steps[i * per : (i + 1) * per]
@@ -246,9 +270,21 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                             seconds.observe(per_batch)
                             await ready.put(batch)
                         started = time.perf_counter()
+                    if following >= end:
+                        break
+                    if later is None:
+                        steps = block(following)
+                        plan = await self._plan(job, steps, rank, world_size, context)
+                    else:
+                        steps, plan = later
+                        if ahead is not None:
+                            await ahead
                 await ready.put(None)
             except Exception as exc:  # handed to the sender, which aborts the stream with it
                 await ready.put(exc)
+            finally:
+                if ahead is not None:
+                    ahead.cancel()
 
         producer = asyncio.create_task(produce())
         try:
