@@ -83,6 +83,8 @@ class Case:
     bare: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # server CPU s per M tokens, per round
     bare_cpu: list[float] = field(default_factory=list)
+    reader_cpu: list[float] = field(default_factory=list)  # consumers' CPU s per M tokens
+    bare_reader_cpu: list[float] = field(default_factory=list)
 
     @property
     def job(self) -> str:
@@ -191,7 +193,8 @@ def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple
                 p.kill()
     tokens = sum(r["tokens"] for r in out)
     span = max(r["ended"] for r in out) - min(r["began"] for r in out)
-    return {"tokens": tokens, "seconds": span, "rate": tokens / span}, cpu
+    mine = sum(r.get("cpu", 0.0) for r in out)  # the consumers' own CPU seconds
+    return {"tokens": tokens, "seconds": span, "rate": tokens / span, "cpu": mine}, cpu
 
 
 def consume_argv(
@@ -360,6 +363,7 @@ def run_round(
             got, cpu = together([argv] * case.consumers, None, pids_of(bare))
             case.bare.append(got["rate"])
             case.bare_cpu.append(cpu / (got["tokens"] / 1e6))
+            case.bare_reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
             continue
         if case.reads == "warm":
             wrap = result.steps_per_epoch[case.job]
@@ -373,6 +377,7 @@ def run_round(
         got, cpu = together(argvs, env, pids)
         case.tokenfeed.append(got["rate"])
         case.cpu.append(cpu / (got["tokens"] / 1e6))
+        case.reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
 
 
 def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
@@ -448,6 +453,8 @@ def table(r: WireResult, load: str = "") -> str:
                 "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
                 f"{median(case.cpu):.4f}",
                 f"{median(case.bare_cpu):.4f}",
+                f"{median(case.reader_cpu):.4f}",
+                f"{median(case.bare_reader_cpu):.4f}",
             ]
         )
     c = r.corpus
@@ -473,12 +480,17 @@ def table(r: WireResult, load: str = "") -> str:
         "tokenfeed M tok/s",
         "ratio",
         "target",
-        "CPU s/M tok",
-        "bare CPU s/M",
+        "server CPU s/M",
+        "bare server",
+        "consumers CPU s/M",
+        "bare readers",
     ]
     notes = (
-        "CPU s/M tok: user + system seconds of the server's processes (supervisor and workers) "
-        "per million tokens streamed; bare: the bare transport server's\n"
+        "server CPU s/M: user + system seconds of the server's processes (supervisor and "
+        "workers) per million tokens streamed; bare server: the bare transport server's\n"
+        "consumers CPU s/M: the consumer processes' own CPU seconds per million tokens (the "
+        "Client's decoding, fingerprint check and int32 widening); bare readers: "
+        "np.frombuffer's\n"
         "each row once: every round reads steps no process of that server read before, on "
         "through epoch ends; the warm row re-reads epoch 0's steps after one pass"
     )
