@@ -407,10 +407,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer rounds")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray builds")
+    parser.add_argument("--mb", type=float, default=0.0, help="MB of text (default: the size's)")
+    parser.add_argument("--rounds", type=int, default=0)
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     if args.no_ray:
         sizes = dataclasses.replace(sizes, ray=False)
+    sizes = dataclasses.replace(sizes, mb=args.mb or sizes.mb, rounds=args.rounds or sizes.rounds)
     print(run(sizes, raybuild.OUT), flush=True)
 
 

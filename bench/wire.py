@@ -51,6 +51,7 @@ SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's
 TARGETS = {(8, 2048): 0.6, (32, 4096): 0.8}  # tokenfeed, each row once / bare transport
 RANKS, RANK_SHAPE = 8, (8, 2048)  # one job of 8 ranks of [8, 2048]: global batch 64 rows
 RANKS_TARGET = 0.6
+LINEAR_TARGET = 0.7  # aggregate at 8 workers / (8 x at 1 worker), where cores allow
 CHUNK_BYTES = "2MiB"  # the corpus in about 16 chunks (window_chunks: the default 8)
 START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
 SIZING_STEPS = 16  # steps streamed to learn a case's message size, from SIZING_START
@@ -494,7 +495,52 @@ def table(r: WireResult, load: str = "") -> str:
         "each row once: every round reads steps no process of that server read before, on "
         "through epoch ends; the warm row re-reads epoch 0's steps after one pass"
     )
-    return f"{render(title, header, rows)}\n{notes}"
+    return f"{render(title, header, rows)}\n{notes}{scaling(r)}"
+
+
+def scaling(r: WireResult) -> str:
+    """The ranks' aggregate by server.workers, against linear from one worker."""
+    out = []
+    for server in dict.fromkeys(c.server for c in r.cases):
+        ranks = {c.workers: c for c in r.cases if c.server == server and c.consumers > 1}
+        if len(ranks) < 2 or 1 not in ranks:
+            continue
+        one = median(ranks[1].tokenfeed)
+        rows = []
+        for n, case in sorted(ranks.items()):
+            linear = median(case.tokenfeed) / (n * one)
+            goal = ""
+            if n == 8:
+                ok = "met" if linear >= LINEAR_TARGET else "missed"
+                goal = f">= {LINEAR_TARGET:.2f} ({ok})"
+            rows.append(
+                [
+                    str(n),
+                    number(median(case.tokenfeed) / 1e6, 1),
+                    number(median(case.bare) / 1e6, 1),
+                    f"{case.ratio():.2f}",
+                    f"{median(case.tokenfeed) / one:.2f}",
+                    f"{linear:.2f}",
+                    goal,
+                ]
+            )
+        out.append(
+            render(
+                f"server.workers ({server}): {r.ranks} consumer processes, ranks of one job, "
+                f"each row once; cores here: {len(os.sched_getaffinity(0))}",
+                [
+                    "workers",
+                    "tokenfeed M tok/s",
+                    "bare M tok/s",
+                    "ratio",
+                    "vs 1 worker",
+                    "of linear",
+                    "target",
+                ],
+                rows,
+            )
+        )
+    return "".join(f"\n\n{t}" for t in out)
 
 
 def main() -> None:
@@ -504,10 +550,11 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="server.workers values (8 ranks)")
     parser.add_argument("--ranks", type=int, default=RANKS, help="consumer processes of a job")
     parser.add_argument("--mb", type=float, default=0.0, help="corpus MB (default: the size's)")
+    parser.add_argument("--tokens", type=int, default=0, help="tokens per measured stream")
+    parser.add_argument("--rounds", type=int, default=0)
     a = parser.parse_args()
     sizes = QUICK if a.quick else FULL
-    if a.mb:
-        sizes = WireSizes(sizes.tokens, sizes.rounds, a.mb)
+    sizes = WireSizes(a.tokens or sizes.tokens, a.rounds or sizes.rounds, a.mb or sizes.mb)
     counts = tuple(int(n) for n in a.workers.split(","))
     out = Path(__file__).resolve().parent / "out"
     load = loadavg()
