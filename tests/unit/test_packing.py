@@ -200,3 +200,23 @@ def test_a_stream_laid_out_by_slices_equals_the_gather(lengths, add_bos, seed):
             packing.SLICE_MEAN_TOKENS = was
         assert np.array_equal(got, want)
         assert np.array_equal(starts, want_starts)
+    # A row buffer (the stream, then tail pieces) joined from slices or laid out by the gather.
+    tail = [
+        packing.RowBuffer(np.arange(5, dtype=np.uint16) + 500, np.array([0, 3], dtype=np.int64)),
+        packing.RowBuffer(np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)),
+    ]
+    buffers = []
+    for mean in (0, 10**9):
+        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        try:
+            buffers.append(packing.row_buffer(stream, tokens, tail, BOS, EOS, np.uint16))
+        finally:
+            packing.SLICE_MEAN_TOKENS = was
+    joined, gathered = buffers
+    assert np.array_equal(joined.ids, gathered.ids)
+    assert np.array_equal(joined.ids[: stream.total], want)
+    assert np.array_equal(joined.ids[stream.total :], tail[0].ids)
+    assert np.array_equal(joined.starts, gathered.starts)
+    assert np.array_equal(
+        joined.starts, np.concatenate([want_starts, [stream.total, stream.total + 3]])
+    )

@@ -222,15 +222,46 @@ def row_buffer(
 ) -> RowBuffer:
     """A chunk's row buffer: its whole stream laid out (its documents in the stream's order,
     with BOS and EOS), then the pieces of its tail, in order."""
+    dtype = np.dtype(dtype)
     total = stream.total
-    ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
-    found = [lay_out(stream, tokens, ids, bos_id, eos_id)]
+    found = [stream.seg_starts[:-1].copy()]
+    n = len(stream.doc_starts)
+    if n and tokens.size and tokens.dtype == dtype and total >= SLICE_MEAN_TOKENS * n:
+        ids = _joined(stream, tokens, tail, bos_id, eos_id)
+    else:
+        ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
+        found = [lay_out(stream, tokens, ids, bos_id, eos_id)]
+        at = total
+        for t in tail:
+            ids[at : at + len(t.ids)] = t.ids
+            at += len(t.ids)
     at = total
     for t in tail:
-        ids[at : at + len(t.ids)] = t.ids
         found.append(t.starts + at)
         at += len(t.ids)
     return RowBuffer(ids, np.concatenate(found))
+
+
+def _joined(
+    stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
+) -> np.ndarray:
+    """The stream and its tail as one read-only array: every document's tokens (a slice of the
+    chunk's, in the wire's dtype already), BOS and EOS, and the tail pieces, joined by one
+    bytes.join: half the CPU of a slice assignment per document, and no index per token
+    (bench/, wire section)."""
+    size = tokens.dtype.itemsize
+    raw = memoryview(np.ascontiguousarray(tokens)).cast("B")
+    seg = stream.seg_starts
+    lo = stream.doc_starts * size
+    hi = lo + (seg[1:] - seg[:-1] - 1 - stream.bos) * size
+    n, per = len(lo), 2 + stream.bos
+    parts: list[Any] = [b""] * (per * n)
+    parts[per - 2 :: per] = [raw[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+    parts[per - 1 :: per] = [np.array([eos_id], tokens.dtype).tobytes()] * n
+    if stream.bos:
+        parts[0::per] = [np.array([bos_id], tokens.dtype).tobytes()] * n
+    parts += [memoryview(np.ascontiguousarray(t.ids, tokens.dtype)).cast("B") for t in tail]
+    return np.frombuffer(b"".join(parts), dtype=tokens.dtype)
 
 
 def assemble_rows(
