@@ -250,7 +250,7 @@ def _joined(
     bytes.join: half the CPU of a slice assignment per document, and no index per token
     (bench/, wire section)."""
     size = tokens.dtype.itemsize
-    raw = memoryview(np.ascontiguousarray(tokens)).cast("B")
+    raw = np.ascontiguousarray(tokens).data.cast("B")
     seg = stream.seg_starts
     lo = stream.doc_starts * size
     hi = lo + (seg[1:] - seg[:-1] - 1 - stream.bos) * size
@@ -260,7 +260,7 @@ def _joined(
     parts[per - 1 :: per] = [np.array([eos_id], tokens.dtype).tobytes()] * n
     if stream.bos:
         parts[0::per] = [np.array([bos_id], tokens.dtype).tobytes()] * n
-    parts += [memoryview(np.ascontiguousarray(t.ids, tokens.dtype)).cast("B") for t in tail]
+    parts += [np.ascontiguousarray(t.ids, tokens.dtype).data.cast("B") for t in tail]
     return np.frombuffer(b"".join(parts), dtype=tokens.dtype)
 
 
