@@ -346,3 +346,24 @@ def test_once_the_first_characters_agree_tiktokens_ids_are_used_alone(llama3, do
     tok = load(llama3, "auto", fast=wrong)
     assert split(*tok.encode([text, *long])) == hf_ids(llama3, [text, *long])
     assert tok.engine == "hf"
+
+
+def test_encode_tasks_keep_the_order_and_bound_each_task(docs):
+    # Tasks of at most 32 documents and 64 K characters (a longer document alone), encoded
+    # largest first and put back in order: the ids are HF's, document by document.
+    long = "\n".join(docs[:120])
+    assert len(long) > fasttok._CHARS_PER_TASK
+    texts = [*docs[:40], long, *docs[40:45], long[: len(long) // 2], *docs[45:100]]
+    tasks = fasttok._tasks(texts)
+    assert [t for task in tasks for t in task] == texts
+    for task in tasks:
+        assert len(task) <= fasttok._DOCS_PER_TASK
+        assert len(task) == 1 or sum(map(len, task)) <= fasttok._CHARS_PER_TASK
+    assert [long] in tasks
+    engine = good_engine_gpt2()
+    tokens, lengths = engine.encode(texts, np.dtype(np.uint16))
+    assert split(tokens, lengths) == hf_ids(TOKENIZER, texts)
+
+
+def good_engine_gpt2() -> fasttok.FastEngine:
+    return fasttok.FastEngine.from_config(json.loads(Path(TOKENIZER).read_text()))
