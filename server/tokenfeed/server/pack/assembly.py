@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 
+BUFFERS_MAX = 1 << 20  # row buffers kept at most, whatever their bytes: about 100 MB of keys
+
+
 class Assembler:
     def __init__(
         self,
@@ -55,8 +58,12 @@ class Assembler:
         self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
         # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
         # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
-        self.buffers: LRU[tuple[int, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
-        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
+        # Bounded by bytes, not by count: a corpus of 20,000 chunks of 1 KB has as many small
+        # buffers an epoch, and a cap of 4096 laid them out again on every read (bench/, scale).
+        self.buffers: LRU[tuple[int, int, int], packing.RowBuffer] = LRU(
+            BUFFERS_MAX, stream_cache_bytes
+        )
+        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(BUFFERS_MAX, stream_cache_bytes)
         # xxh3-128 of each chunk's tokens as mapped when its digests were last checked
         # (`_verified`): 16 bytes a chunk.
         self._sums: dict[str, bytes] = {}
@@ -233,9 +240,9 @@ class Assembler:
         another that needs it meanwhile waits for it."""
         key = (d, epoch, c)
         while True:
-            found = self.buffers.peek(key)
+            found = self.buffers.get(key)
             if found is not None:
-                return self.buffers.get_or_make(key, partial(_same, found))  # now the newest
+                return found
             with self._making_lock:
                 making = self._making.get(key)
                 if making is None:
@@ -320,7 +327,3 @@ class Assembler:
 
 def _tokens_sum(chunk: TokenChunk) -> bytes:
     return xxhash.xxh3_128_digest(np.ascontiguousarray(chunk.tokens).data)
-
-
-def _same(value: packing.RowBuffer) -> packing.RowBuffer:
-    return value
