@@ -29,7 +29,6 @@ documents), tokenized with a tokenizer trained on it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -45,13 +44,13 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 from bench import corpus as corpusmod
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
-from bench.table import number, render
+from bench.streams import consume_argv, loadavg, pids_of, read_argv, together
+from bench.wiretable import table
 
 SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's two shapes
 TARGETS = {(8, 2048): 0.6, (32, 4096): 0.8}  # tokenfeed, each row once / bare transport
 RANKS, RANK_SHAPE = 8, (8, 2048)  # one job of 8 ranks of [8, 2048]: global batch 64 rows
 RANKS_TARGET = 0.6
-LINEAR_TARGET = 0.7  # aggregate at 8 workers / (8 x at 1 worker), where cores allow
 CHUNK_BYTES = "2MiB"  # the corpus in about 16 chunks (window_chunks: the default 8)
 START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
 SIZING_STEPS = 16  # steps streamed to learn a case's message size, from SIZING_START
@@ -110,6 +109,7 @@ class WireResult:
     corpus: corpusmod.Corpus
     cases: list[Case] = field(default_factory=list)
     ranks: int = RANKS
+    chunk_bytes: str = CHUNK_BYTES
     tokens_per_epoch: int = 0
     steps_per_epoch: dict = field(default_factory=dict)  # job -> steps
 
@@ -141,84 +141,6 @@ def write_config(
     if workers > 1:
         server["workers"] = workers
     path.write_text(yaml.safe_dump({"server": server, "jobs": jobs}, sort_keys=False))
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def pids_of(proc: ServerProcess) -> list[int]:
-    info = json.loads(proc.ready_file.read_text())
-    return [info["pid"], *info.get("workers", [])]
-
-
-def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple[dict, float]:
-    """Start the consumer processes, let them connect, start them at once; (their figures
-    added up, server CPU seconds over the measured span)."""
-    procs = [
-        subprocess.Popen(
-            [*argv, "--sync"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            env=env,
-        )
-        for argv in argvs
-    ]
-    try:
-        for p in procs:
-            line = p.stdout.readline().decode().strip()
-            if line != "ready":
-                raise RuntimeError(f"consumer did not connect: {line!r} (exit {p.wait(60)})")
-        cpu = cpu_seconds(pids)
-        for p in procs:
-            p.stdin.write(b"go\n")
-            p.stdin.flush()
-        out = []
-        for p in procs:
-            stdout, _ = p.communicate(timeout=900)
-            if p.returncode:
-                raise RuntimeError(f"consumer exited with {p.returncode}")
-            out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
-        cpu = cpu_seconds(pids) - cpu
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    tokens = sum(r["tokens"] for r in out)
-    span = max(r["ended"] for r in out) - min(r["began"] for r in out)
-    mine = sum(r.get("cpu", 0.0) for r in out)  # the consumers' own CPU seconds
-    return {"tokens": tokens, "seconds": span, "rate": tokens / span, "cpu": mine}, cpu
-
-
-def consume_argv(
-    address: str, job: str, start: int, steps: int, rank: int, world: int, wrap: int = 0
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.consume",
-        *("--target", address, "--job", job, "--start", str(start), "--steps", str(steps)),
-        *("--rank", str(rank), "--world", str(world), "--wrap", str(wrap)),
-    ]
-
-
-def read_argv(address: str, messages: int, tokens: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.transport",
-        "read",
-        *("--target", address, "--messages", str(messages)),
-        *("--tokens-per-message", str(tokens)),
-    ]
 
 
 def serve(
@@ -427,122 +349,6 @@ def run(
     return result
 
 
-def table(r: WireResult, load: str = "") -> str:
-    rows = []
-    for case in r.cases:
-        goal = case.target
-        ratio = case.ratio()
-        reads = (
-            "each row once" if case.reads == "once" else "warm re-read of epoch 0 (not training)"
-        )
-        who = (
-            f"{case.consumers} ranks of [{case.rows * case.consumers}, {case.seq_len}]"
-            if case.consumers > 1
-            else "1 consumer"
-        )
-        rows.append(
-            [
-                case.server,
-                str(case.workers),
-                f"[{case.rows}, {case.seq_len}]",
-                who,
-                reads,
-                number(case.message_bytes),
-                number(median(case.bare) / 1e6, 1),
-                number(median(case.tokenfeed) / 1e6, 1),
-                f"{ratio:.2f}",
-                "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
-                f"{median(case.cpu):.4f}",
-                f"{median(case.bare_cpu):.4f}",
-                f"{median(case.reader_cpu):.4f}",
-                f"{median(case.bare_reader_cpu):.4f}",
-            ]
-        )
-    c = r.corpus
-    spe = ", ".join(f"{j}: {s:,}" for j, s in r.steps_per_epoch.items())
-    title = (
-        "Serving as training reads it, against the bare transport (grpc.aio stream of the same "
-        "bytes, read with np.frombuffer)\n"
-        f"   corpus: {c.docs:,} documents of code ({c.short_docs:,} short, {c.long_docs:,} "
-        f"long), {c.text_bytes / 1e6:.1f} MB, about {r.tokens_per_epoch / 1e6:.1f} M tokens; "
-        f"chunk_bytes {CHUNK_BYTES}; steps per epoch: {spe}\n"
-        f"   M tokens/s: medians of {len(r.cases[0].tokenfeed)} rounds (all consumers of a row "
-        "together); ratio: median of the rounds' tokenfeed/bare; cores here: "
-        f"{len(os.sched_getaffinity(0))}{'; load ' + load if load else ''}"
-    )
-    header = [
-        "server",
-        "workers",
-        "batch",
-        "consumers",
-        "reads",
-        "message B",
-        "bare M tok/s",
-        "tokenfeed M tok/s",
-        "ratio",
-        "target",
-        "server CPU s/M",
-        "bare server",
-        "consumers CPU s/M",
-        "bare readers",
-    ]
-    notes = (
-        "server CPU s/M: user + system seconds of the server's processes (supervisor and "
-        "workers) per million tokens streamed; bare server: the bare transport server's\n"
-        "consumers CPU s/M: the consumer processes' own CPU seconds per million tokens (the "
-        "Client's decoding, fingerprint check and int32 widening); bare readers: "
-        "np.frombuffer's\n"
-        "each row once: every round reads steps no process of that server read before, on "
-        "through epoch ends; the warm row re-reads epoch 0's steps after one pass"
-    )
-    return f"{render(title, header, rows)}\n{notes}{scaling(r)}"
-
-
-def scaling(r: WireResult) -> str:
-    """The ranks' aggregate by server.workers, against linear from one worker."""
-    out = []
-    for server in dict.fromkeys(c.server for c in r.cases):
-        ranks = {c.workers: c for c in r.cases if c.server == server and c.consumers > 1}
-        if len(ranks) < 2 or 1 not in ranks:
-            continue
-        one = median(ranks[1].tokenfeed)
-        rows = []
-        for n, case in sorted(ranks.items()):
-            linear = median(case.tokenfeed) / (n * one)
-            goal = ""
-            if n == 8:
-                ok = "met" if linear >= LINEAR_TARGET else "missed"
-                goal = f">= {LINEAR_TARGET:.2f} ({ok})"
-            rows.append(
-                [
-                    str(n),
-                    number(median(case.tokenfeed) / 1e6, 1),
-                    number(median(case.bare) / 1e6, 1),
-                    f"{case.ratio():.2f}",
-                    f"{median(case.tokenfeed) / one:.2f}",
-                    f"{linear:.2f}",
-                    goal,
-                ]
-            )
-        out.append(
-            render(
-                f"server.workers ({server}): {r.ranks} consumer processes, ranks of one job, "
-                f"each row once; cores here: {len(os.sched_getaffinity(0))}",
-                [
-                    "workers",
-                    "tokenfeed M tok/s",
-                    "bare M tok/s",
-                    "ratio",
-                    "vs 1 worker",
-                    "of linear",
-                    "target",
-                ],
-                rows,
-            )
-        )
-    return "".join(f"\n\n{t}" for t in out)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -560,11 +366,6 @@ def main() -> None:
     load = loadavg()
     result = run(sizes, out, a.before, counts, a.ranks)
     print(table(result, f"{load} at the start, {loadavg()} at the end"))
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
