@@ -23,11 +23,13 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from tokenfeed.server.indexing.index import DatasetIndex
 
-# Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls) once
-# per group (bench/, wire section). An assembled group holds at most GROUP_TOKENS tokens, one
-# [32, 4096] batch, so the event loop is never held for more than one large batch's work and a
-# stalled stream holds at most that much in its group: larger batches go one at a time.
-STREAM_GROUP = 4
+# Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls, pins,
+# the plan's split) once per group: 8 [8, 2048] batches cost 80-87 us of CPU each against
+# 96-144 us in groups of 4 (bench/, wire section). An assembled group holds at most
+# GROUP_TOKENS tokens, one [32, 4096] batch, so the event loop is never held for more than one
+# large batch's work and a stalled stream holds at most that much in its group: larger batches
+# go one at a time.
+STREAM_GROUP = 8
 GROUP_TOKENS = 32 * 4096
 # Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
 # arithmetic over row indexes, vectorised, so 16 steps cost little more than one and far less
