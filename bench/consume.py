@@ -1,13 +1,17 @@
 """A consumer process for the wire benchmarks: streams or fetches steps and reports a rate.
 
     python -m bench.consume --target ADDR --job JOB --steps N [--mode stream|unary|raw]
-                            [--rank R --world W] [--start S] [--wrap E]
+                            [--rank R --world W] [--start S] [--wrap E] [--sync]
 
-Prints one JSON line: {"tokens", "seconds", "batches"}. `raw` reads the stream with a bare gRPC
-stub and touches only the message's token bytes (the wire's own cost); the other modes use the
-real client (decode, fingerprint check, `input_ids` and `labels` as int32 arrays), as a trainer
-does. `--wrap E` reads steps start .. start + E - 1 over and over (E: the steps of one epoch),
-so a small corpus measures warm serving, as a corpus of production size would. Run as a
+Prints one JSON line: {"tokens", "seconds", "batches", "began", "ended", "cpu"} (began and
+ended: wall-clock times, so the runs of several consumers can be put on one clock; cpu: this
+process's CPU seconds over the run). `raw` reads the
+stream with a bare gRPC stub and touches only the message's token bytes; the other modes use
+the real client (decode, fingerprint check, `input_ids` and `labels` as int32 arrays), as a
+trainer does. `--wrap E` reads steps start .. start + E - 1 over and over (E: the steps of one
+epoch): warm serving, a second row of the benchmark; training reads each row once, streaming on
+through epoch ends, which `--wrap 0` (the default) does. `--sync` prints "ready" once connected
+and starts when a line arrives on stdin, so several consumers start together. Run as a
 separate process so the consumer never shares a GIL with the server or another consumer.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import grpc
@@ -35,14 +40,30 @@ def spans(start: int, steps: int, wrap: int) -> list[tuple[int, int]]:
     return out
 
 
+def wait_for_go() -> None:
+    """Say "ready" and wait for the line that starts every consumer at once."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
 def consume(
-    target: str, job: str, start: int, steps: int, mode: str, rank: int, world: int, wrap: int = 0
+    target: str,
+    job: str,
+    start: int,
+    steps: int,
+    mode: str,
+    rank: int,
+    world: int,
+    wrap: int = 0,
+    sync: bool = False,
 ) -> dict:
     tokens = batches = 0
     if mode == "raw":
         with grpc.insecure_channel(target, options=OPTIONS) as channel:
             stub = pb_grpc.TokenFeedStub(channel)
-            began = time.perf_counter()
+            if sync:
+                wait_for_go()
+            wall, began, cpu = time.time(), time.perf_counter(), time.process_time()
             for a, b in spans(start, steps, wrap):
                 request = pb.StreamBatchesRequest(
                     job=job, start_step=a, end_step=b, rank=rank, world_size=world
@@ -51,10 +72,12 @@ def consume(
                     tokens += msg.rows * msg.seq_len
                     batches += 1
             seconds = time.perf_counter() - began
-        return {"tokens": tokens, "seconds": seconds, "batches": batches}
+        return _figures(tokens, seconds, batches, wall, time.process_time() - cpu)
     with Client(target, job=job) as client:
-        client.get_batch(start, rank, world)  # connected and warm before the clock starts
-        began = time.perf_counter()
+        client.describe()  # connected before the clock starts (no row read: each is read once)
+        if sync:
+            wait_for_go()
+        wall, began, cpu = time.time(), time.perf_counter(), time.process_time()
         if mode == "stream":
             batch_iter = (
                 batch
@@ -73,7 +96,18 @@ def consume(
             batches += 1
             assert labels.shape == ids.shape
         seconds = time.perf_counter() - began
-    return {"tokens": tokens, "seconds": seconds, "batches": batches}
+    return _figures(tokens, seconds, batches, wall, time.process_time() - cpu)
+
+
+def _figures(tokens: int, seconds: float, batches: int, wall: float, cpu: float) -> dict:
+    return {
+        "cpu": cpu,
+        "tokens": tokens,
+        "seconds": seconds,
+        "batches": batches,
+        "began": wall,
+        "ended": wall + seconds,
+    }
 
 
 def main() -> None:
@@ -86,8 +120,10 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--wrap", type=int, default=0)
+    parser.add_argument("--sync", action="store_true", help="start on a line on stdin")
     a = parser.parse_args()
-    print(json.dumps(consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap)))
+    figures = consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap, a.sync)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from bench import (
     store,
     tokenization,
     wire,
+    wiretable,
 )
 from bench.client import ClientResult
 from bench.objstore import ObjstoreResult
@@ -499,7 +500,7 @@ def main() -> None:
         print(smallobjects_table(small, threads) + "\n", flush=True)
     if "wire" in only:  # StreamBatches vs the raw wire, CPU per M tokens, serving workers
         sizes = wire.QUICK if args.quick else wire.FULL
-        print(wire.table(wire.run(sizes, OUT, args.before)) + "\n", flush=True)
+        print(wiretable.table(wire.run(sizes, OUT, args.before)) + "\n", flush=True)
     if "served" in only:  # every token: served per epoch / indexed, per corpus layout
         print(served.run(args.quick, OUT) + "\n", flush=True)
     if "scale" in only:  # GetBatch p50/p99 with 100 and 300,000 chunks

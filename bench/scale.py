@@ -1,5 +1,6 @@
 """GetBatch latency at corpus scale: a server holding a 300,000-chunk index beside one holding
-100 chunks, real batches over gRPC, p50 and p99 of each (target: ratio at most 1.2).
+100 chunks, real batches over gRPC, p50 and p99 of each (target: ratio at most 1.2); and the
+same documents cut into 20,000 real chunks of about 1 KB against 100 chunks.
 
     python -m bench.scale [--quick]
 
@@ -9,6 +10,11 @@ chunks: `small`, the 100 chunks of a real corpus as built; `large`, an index of 
 chunk order are those same real chunks and whose other 299,900 are synthetic entries (counts
 only, as the build records them; never read). The steps measured read only the real chunks, so
 both jobs do the same data work: the difference is what a request costs at that index size.
+
+The second server (`python -m bench.scale serve-chunks`) builds two jobs over one JSON Lines file
+of REAL_CHUNKS documents of about 1 KB (bench/corpus.py's code, cut at line ends): `many`, one
+chunk per document (chunk_bytes 1 KiB), and `few`, the same documents in 100 chunks. Every
+chunk is real (tokenized, stored, read): a batch of `many` reads its rows from dozens of chunks.
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ TARGET = 1.2
 class ScaleSizes:
     calls: int  # GetBatch calls per job and round
     rounds: int
+    real_chunks: int = 20_000  # of about 1 KB, against the same documents in 100 chunks
 
 
-QUICK = ScaleSizes(calls=200, rounds=3)
+QUICK = ScaleSizes(calls=200, rounds=3, real_chunks=5_000)
 FULL = ScaleSizes(calls=1000, rounds=5)
+DOC_CHARS = 1000  # at least, a document of the real-chunk case (at most twice that)
 
 
 def _config(work: Path, corpus: Path, tokenizer: Path) -> dict:
@@ -131,6 +139,81 @@ async def _serve(work: Path, ready_file: str) -> None:
     await front.drain()
 
 
+def small_documents(count: int) -> list[str]:
+    """`count` documents of about DOC_CHARS characters: bench/corpus.py's code, cut at line
+    ends."""
+    from bench import corpus as corpusmod
+
+    out: list[str] = []
+    for doc in corpusmod.documents(int(count * DOC_CHARS * 1.2))[0]:
+        piece: list[str] = []
+        size = 0
+        for line in doc.splitlines(keepends=True):
+            piece.append(line)
+            size += len(line)
+            if size >= DOC_CHARS:  # a JSON line over 1 KiB: one document per chunk
+                out.append("".join(piece)[: DOC_CHARS * 2])
+                piece, size = [], 0
+                if len(out) == count:
+                    return out
+    return out
+
+
+async def _serve_chunks(work: Path, ready_file: str, count: int) -> None:
+    """Jobs `many` (a chunk per document) and `few` (100 chunks) over the same documents."""
+    from tokenfeed.server.serve.app import build_jobs, write_ready
+    from tokenfeed.server.serve.front import Front
+    from tokenfeed.server.settings import config as configmod
+
+    from bench import corpus as corpusmod
+
+    corpus = corpusmod.prepare(31.0, work.parent)
+    docs = small_documents(count)
+    source = work / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    spec = {
+        "sources": [str(source)],
+        "tokenizer": str(corpus.tokenizer),
+        "seq_len": SEQ_LEN,
+        "global_batch_size": BATCH,
+        "seed": 1,
+    }
+    few_bytes = source.stat().st_size // 100 + 1
+    raw = {
+        "server": {"listen": "127.0.0.1:0", "cache_dir": str(work / "cache-chunks")},
+        "jobs": {
+            "many": {**spec, "chunk_bytes": "1KiB"},
+            "few": {**spec, "chunk_bytes": few_bytes},
+        },
+    }
+    config = configmod.from_dict(raw)
+    jobs = build_jobs(config)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        for job in jobs.values():
+            await job.build_index(pool, 2, retry=False)
+    built = time.perf_counter() - started
+    io = ThreadPoolExecutor(2)
+    front = Front(config, jobs, io)
+    await front.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    write_ready(
+        ready_file,
+        {
+            "address": front.address,
+            "pid": os.getpid(),
+            "chunks": {n: len(j.indexes[0].chunks) for n, j in jobs.items()},
+            "steps": min(j.steps_per_epoch for j in jobs.values()),
+            "docs": len(docs),
+            "bytes": source.stat().st_size,
+            "build_seconds": built,
+        },
+    )
+    await stop.wait()
+    await front.drain()
+
+
 def measure(client: Client, job: str, steps: int, calls: int) -> list[float]:
     out = []
     for i in range(calls):
@@ -140,7 +223,74 @@ def measure(client: Client, job: str, steps: int, calls: int) -> list[float]:
     return out
 
 
+def latencies(address: str, jobs: tuple[str, ...], steps: int, sizes: ScaleSizes) -> dict:
+    """GetBatch seconds per job: a warm pass over every step first (every chunk opened and
+    laid out, layouts made), then rounds in alternating job order."""
+    lat: dict[str, list[float]] = {job: [] for job in jobs}
+    with Client(address) as c:
+        for job in lat:
+            measure(c, job, steps, steps)
+        for r in range(sizes.rounds):
+            for job in jobs if r % 2 == 0 else jobs[::-1]:
+                lat[job] += measure(c, job, steps, sizes.calls)
+    return lat
+
+
+def ratio_rows(small: list[float], large: list[float]) -> list[list[str]]:
+    rows = []
+    for q in (50, 99):
+        s, big = percentile(small, q) * 1e3, percentile(large, q) * 1e3
+        ok = "met" if big / s <= TARGET else "missed"
+        rows.append(
+            [
+                f"GetBatch p{q} (ms)",
+                f"{s:.3f}",
+                f"{big:.3f}",
+                f"{big / s:.2f}",
+                f"<= {TARGET} ({ok})",
+            ]
+        )
+    rows.append(
+        [
+            "GetBatch median (ms)",
+            f"{median(small) * 1e3:.3f}",
+            f"{median(large) * 1e3:.3f}",
+            "",
+            "",
+        ]
+    )
+    return rows
+
+
+def run_real_chunks(sizes: ScaleSizes, out: Path) -> str:
+    work = out / "scale-chunks"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    argv = [sys.executable, "-m", "bench.scale", "serve-chunks", "--work", str(work)]
+    server = ServerProcess("scale-chunks", [*argv, "--chunks", str(sizes.real_chunks)], work)
+    address = server.start(1800)
+    info = json.loads(server.ready_file.read_text())
+    try:
+        lat = latencies(address, ("few", "many"), info["steps"], sizes)
+    finally:
+        server.stop(30)
+    few, many = info["chunks"]["few"], info["chunks"]["many"]
+    return render(
+        f"GetBatch over real chunks: {info['docs']:,} documents of about 1 KB "
+        f"({info['bytes'] / 1e6:.1f} MB of JSON Lines) in {many:,} chunks against the same in "
+        f"{few} chunks; [{BATCH}, {SEQ_LEN}] batches over gRPC, steps 0..{info['steps'] - 1} "
+        f"(warm), {len(lat['few'])} calls per job in {sizes.rounds} alternating rounds; both "
+        f"built in {info['build_seconds']:.0f}s",
+        ["", f"{few} chunks", f"{many:,} chunks", "ratio", "target"],
+        ratio_rows(lat["few"], lat["many"]),
+    )
+
+
 def run(sizes: ScaleSizes, out: Path) -> str:
+    return f"{run_synthetic(sizes, out)}\n\n{run_real_chunks(sizes, out)}"
+
+
+def run_synthetic(sizes: ScaleSizes, out: Path) -> str:
     work = out / "scale"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -194,15 +344,25 @@ def run(sizes: ScaleSizes, out: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="run", choices=("run", "serve"))
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=("run", "serve", "serve-chunks", "chunks")
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--work", default="")
     parser.add_argument("--ready-file", default="")
+    parser.add_argument("--chunks", type=int, default=FULL.real_chunks)
     a = parser.parse_args()
-    if a.mode == "serve":
+    if a.mode in ("serve", "serve-chunks"):
         import uvloop
 
-        uvloop.run(_serve(Path(a.work), a.ready_file))
+        if a.mode == "serve":
+            uvloop.run(_serve(Path(a.work), a.ready_file))
+        else:
+            uvloop.run(_serve_chunks(Path(a.work), a.ready_file, a.chunks))
+        return
+    if a.mode == "chunks":  # the real-chunk case alone
+        out = Path(__file__).resolve().parent / "out"
+        print(run_real_chunks(QUICK if a.quick else FULL, out))
         return
     print(run(QUICK if a.quick else FULL, Path(__file__).resolve().parent / "out"))
 

@@ -3,9 +3,13 @@ bare engines, on the same documents and the same cores.
 
 Sides, in one table (MB of text and tokens per second, per core):
 - bare `tokenizers`: `encode_batch_fast` over the texts, ENCODE_BATCH_DOCS at a time, all
-  threads, in this process: the reference every ratio is taken against;
-- bare tiktoken: fasttok's engine (tiktoken on a thread per core) over all the texts at once,
-  "n/a" where fasttok.py or tiktoken is missing or cannot reproduce the tokenizer;
+  threads, in this process: the reference of every hf side;
+- bare tiktoken: the `tiktoken.Encoding` that tokenizer/fasttok.py derives from the
+  tokenizer.json (built before the clock starts), its own `encode_to_numpy` over every text on a
+  thread per core, no tokenfeed code while timed: the reference of every tiktoken side ("n/a"
+  where fasttok.py or tiktoken is missing or cannot reproduce the tokenizer);
+- fasttok engine: tokenfeed's FastEngine.encode (the same Encoding, HF ids, one array) over all
+  the texts at once;
 - `tokenfeed build --workers N` with `tokenizer.backend` hf and tiktoken: a new process, as an
   operator runs it; its own elapsed time (build.Progress: from handing out the first chunk to
   the last chunk stored: reading, parsing, tokenizing, writing, worker start-up);
@@ -14,7 +18,9 @@ Sides, in one table (MB of text and tokens per second, per core):
 - `tokenfeed build --ray` on a local cluster of N CPUs (bench/raybuild.py), into a shared store
   (a directory) as Ray builds always do; Ray's own start-up is timed once and left out.
 
-The corpus is the demo documents, replicated, as JSON Lines; every side sees the same texts.
+The corpus is bench/corpus.py's: code the project was never tuned on, mostly short documents
+(sections of a few KB, as documentation or code corpora are cut) and some long ones, with a
+tokenizer trained on it; every side sees the same texts.
 Each round runs every side once, from an empty cache and store, in an order that reverses
 from one round to the next, so noise falls on all of them; ratios are medians of the rounds'
 ratios (time of the bare tokenizer / time of the side: same work on both).
@@ -40,12 +46,12 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from tokenfeed.server.commands import democorpus
 from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
 from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS
 from tokenizers import Tokenizer
 
+from bench import corpus as corpusmod
 from bench import raybuild
 from bench.stats import median, paired_ratio
 from bench.table import number, render
@@ -55,10 +61,11 @@ JOB = "build"
 FILES = 4
 BACKENDS = ("hf", "tiktoken")
 BUILD_TARGET = 0.90  # tokenfeed build (hf) / bare tokenizers, per core
-FAST_TARGET = 2.0  # tokenfeed build (tiktoken) / bare tokenizers, per core
+FAST_TARGET = 0.90  # tokenfeed build (tiktoken) / bare tiktoken, per core
 SIDES = (
     "bare hf",
     "bare tiktoken",
+    "fasttok engine",
     "build hf",
     "build tiktoken",
     "server hf",
@@ -70,14 +77,14 @@ SIDES = (
 
 @dataclass(frozen=True)
 class TokenizationSizes:
-    copies: int  # the demo documents, replicated: about 1.1 MB of text each
+    mb: float  # of text (bench/corpus.py)
     rounds: int
     chunk_bytes: str  # several chunks per process, so that processes overlap
     ray: bool = True
 
 
-QUICK = TokenizationSizes(copies=12, rounds=2, chunk_bytes="1MiB")
-FULL = TokenizationSizes(copies=40, rounds=5, chunk_bytes="4MiB")
+QUICK = TokenizationSizes(mb=10, rounds=2, chunk_bytes="1MiB")
+FULL = TokenizationSizes(mb=31, rounds=5, chunk_bytes="4MiB")
 
 
 @dataclass
@@ -91,6 +98,8 @@ class TokenizationResult:
     tokenize_threads: int
     chunk_bytes: str
     fast: str  # why bare tiktoken is n/a, or ""
+    short_docs: int = 0
+    long_docs: int = 0
     seconds: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SIDES})
     command: dict[str, list[float]] = field(default_factory=dict)  # wall of the builds' commands
     ray_start: float = float("nan")
@@ -99,10 +108,16 @@ class TokenizationResult:
         seconds = self.seconds[side]
         return amount / median(seconds) / self.cores if seconds else float("nan")
 
-    def ratio(self, side: str, reference: str = "bare hf") -> float:
+    def ratio(self, side: str, reference: str = "") -> float:
+        reference = reference or engine_of(side)
         if not self.seconds[side] or not self.seconds[reference]:
             return float("nan")
         return paired_ratio(self.seconds[reference], self.seconds[side])
+
+
+def engine_of(side: str) -> str:
+    """The bare engine a side is measured against: its own backend's."""
+    return "bare tiktoken" if side.endswith("tiktoken") or side == "fasttok engine" else "bare hf"
 
 
 def cores() -> int:
@@ -159,6 +174,22 @@ def fast_engine(tokenizer: Path):
 
 
 def bare_tiktoken(tokenizer: Path, texts: list[str]) -> float:
+    """tiktoken alone: the Encoding fasttok derives (made before the clock starts), its own
+    encode_to_numpy on a thread per core (it releases the GIL), as a user of tiktoken would."""
+    engine, _ = fast_engine(tokenizer)
+    encoding, n = engine.encoding, cores()
+    groups = [texts[i::n] for i in range(n)]
+
+    def encode(group: list[str]) -> int:
+        return sum(encoding.encode_to_numpy(t, disallowed_special=()).size for t in group)
+
+    with ThreadPoolExecutor(n) as pool:
+        start = time.perf_counter()
+        list(pool.map(encode, groups))
+        return time.perf_counter() - start
+
+
+def fasttok_engine(tokenizer: Path, texts: list[str]) -> float:
     engine, _ = fast_engine(tokenizer)
     start = time.perf_counter()
     engine.encode(texts, np.dtype(np.uint16))
@@ -210,10 +241,15 @@ def server_child(config: str) -> None:
 
 
 def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
-    _, tokenizer, _ = democorpus.prepare(out.resolve() / "democorpus")
+    unseen = corpusmod.prepare(sizes.mb, out.resolve())
+    tokenizer = unseen.tokenizer
     work = out.resolve() / "tokenization"
     shutil.rmtree(work, ignore_errors=True)
-    texts = democorpus.documents() * sizes.copies
+    texts = [
+        json.loads(line)["text"]
+        for path in sorted(unseen.root.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     source_bytes = write_corpus(work / "corpus", texts)
     n = cores()
     configs = {
@@ -238,6 +274,8 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
         threads,
         sizes.chunk_bytes,
         fast,
+        unseen.short_docs,
+        unseen.long_docs,
     )
     source_mb = source_bytes / 1e6
     cluster = None
@@ -250,6 +288,8 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
 
         def run(side: str) -> float:
             kind, backend = side.split(" ")
+            if side == "fasttok engine":
+                return fasttok_engine(tokenizer, texts)
             if kind == "bare":
                 return (
                     bare_hf(tokenizer, texts)
@@ -274,7 +314,8 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
         sides = [
             s
             for s in SIDES
-            if (sizes.ray or not s.startswith("ray")) and (s != "bare tiktoken" or not fast)
+            if (sizes.ray or not s.startswith("ray"))
+            and (s not in ("bare tiktoken", "fasttok engine") or not fast)
         ]
         for r in range(sizes.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
@@ -291,7 +332,8 @@ def table(r: TokenizationResult) -> str:
     targets = {"build hf": BUILD_TARGET, "build tiktoken": FAST_TARGET}
     labels = {
         "bare hf": f"bare tokenizers (encode_batch_fast, {r.cores} threads)",
-        "bare tiktoken": f"bare tiktoken (fasttok engine, {r.cores} threads)",
+        "bare tiktoken": f"bare tiktoken (encode_to_numpy, {r.cores} threads)",
+        "fasttok engine": "tokenfeed's fasttok engine alone (FastEngine.encode)",
         "build hf": f"tokenfeed build --workers {r.cores}, backend hf",
         "build tiktoken": f"tokenfeed build --workers {r.cores}, backend tiktoken",
         "server hf": f"server cold index, backend hf ({r.tokenize_threads} tokenize threads)",
@@ -316,18 +358,30 @@ def table(r: TokenizationResult) -> str:
                 number(median(r.seconds[side]), 2) if r.seconds[side] else "n/a",
                 number(median(command), 2) if command else "",
                 number(ratio, 2),
+                number(r.ratio(side, "bare hf"), 2),
                 goal,
             ]
         )
     rounds = len(r.seconds["bare hf"])
     title = (
-        f"2. Tokenization at the tokenizer's speed: {r.docs:,} docs, {mb:.2f} MB of text "
+        f"2. Tokenization at the tokenizer's speed: {r.docs:,} docs of code ({r.short_docs:,} "
+        f"short sections of a few KB, {r.long_docs:,} long modules), {mb:.2f} MB of text "
         f"({r.source_bytes / 1e6:.2f} MB of JSON Lines in {FILES} files, {r.chunks} chunks of "
         f"{r.chunk_bytes}), {tokens:,} tokens; {r.cores} cores\n"
-        f"   medians of {rounds} rounds, sides in alternating order; ratio: the median of the "
-        "rounds' (bare tokenizers time / side's time)"
+        f"   medians of {rounds} rounds, sides in alternating order; ratios: the median of the "
+        "rounds' (bare engine's time / side's time), against the side's own engine (bare "
+        "tokenizers for hf, bare tiktoken for tiktoken) and against bare tokenizers"
     )
-    header = ["", "MB/s/core", "M tok/s/core", "s", "command s", "vs bare hf", "target"]
+    header = [
+        "",
+        "MB/s/core",
+        "M tok/s/core",
+        "s",
+        "command s",
+        "vs own bare engine",
+        "vs bare hf",
+        "target",
+    ]
     notes = [
         "s: the side's own time (builds: from handing out the first chunk to the last chunk "
         "stored, worker start-up included); command s: the whole command (Python start-up, "
@@ -335,12 +389,6 @@ def table(r: TokenizationResult) -> str:
     ]
     if r.fast:
         notes.append(f"bare tiktoken: n/a, {r.fast}")
-    if r.seconds["bare tiktoken"] and r.seconds["build tiktoken"]:
-        notes.append(
-            "build tiktoken / bare tiktoken: "
-            f"{r.ratio('build tiktoken', 'bare tiktoken'):.2f}; server tiktoken / bare "
-            f"tiktoken: {r.ratio('server tiktoken', 'bare tiktoken'):.2f}"
-        )
     notes.append(
         "server cold index / build, per core: "
         f"hf {r.ratio('server hf', 'build hf'):.2f}, "
@@ -359,10 +407,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller corpus, fewer rounds")
     parser.add_argument("--no-ray", action="store_true", help="leave out the Ray builds")
+    parser.add_argument("--mb", type=float, default=0.0, help="MB of text (default: the size's)")
+    parser.add_argument("--rounds", type=int, default=0)
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     if args.no_ray:
         sizes = dataclasses.replace(sizes, ray=False)
+    sizes = dataclasses.replace(sizes, mb=args.mb or sizes.mb, rounds=args.rounds or sizes.rounds)
     print(run(sizes, raybuild.OUT), flush=True)
 
 

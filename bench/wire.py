@@ -1,26 +1,34 @@
-"""Serving at wire speed: StreamBatches against the raw gRPC stream of the same tokens, against
-an in-process memmap loader over the same rows, the server's CPU per million tokens, and the
-aggregate rate of 1 and 2 serving workers with 2 consumer processes.
+"""Serving as training reads: StreamBatches through the project's Client, each row read once
+(streaming on through epoch ends), against the bare transport of the same bytes, in one run.
 
-    python -m bench.wire [--quick] [--before REV]
+    python -m bench.wire [--quick] [--before REV] [--workers 1,2] [--ranks 8] [--mb 31]
 
-- ceiling: `bench.ceiling` streams one canned message holding the same token count as raw int32
-  bytes, consumed by the same client (decoding and fingerprint checks included);
-- memmap: the same rows' tokens in one file, read as [rows, seq_len + 1] slices with numpy and
-  widened to int32 `input_ids` and `labels` (what an in-process loader does, no network);
-- CPU: user + system seconds of the server's processes over a measured stream, per million
-  tokens; `--before REV` also runs the server and client of an earlier commit (a git worktree
-  under bench/out) on the same corpus, for the before/after pair;
-- workers: `server.workers` 1 and 2, two consumer processes streaming different ranks.
-Streams read the first epoch's steps over and over (warm serving: the demo corpus is small,
-and a corpus of production size turns epochs rarely).
-Every consumer is its own process (bench/consume.py), so no GIL is shared with a server.
+- bare transport (the reference of every ratio): bench/transport.py, a grpc.aio server-stream
+  of opaque messages of the same number of bytes as tokenfeed's batch messages of that case
+  (measured from the server's own stream first), read by a process that only wraps each
+  message with `np.frombuffer`: no tokenfeed code on either side. With `server.workers` N its
+  server runs N processes on one port too;
+- tokenfeed, each row once: consumer processes (bench/consume.py) stream through the Client
+  (decoding, fingerprint check, int32 `input_ids` and `labels`: what a trainer reads), each
+  round from steps no process of that server has read, on through epoch ends: every row's
+  buffer is laid out by the stream that reads it, as in training;
+- tokenfeed, warm re-read (labelled, never the headline): steps of epoch 0 over and over after
+  one pass, every row buffer already laid out;
+- 1 consumer at [8, 2048] and [32, 4096]; 8 ranks of one job of [64, 2048] (8 rows a rank) in
+  8 consumer processes started together, with `server.workers` 1 and 2 (aggregate tokens/s:
+  all tokens over the span from the first start to the last end);
+- server CPU: user + system seconds of the server's processes over the measured streams, per
+  million tokens, tokenfeed's and the bare server's;
+- `--before REV`: the same rows for the server and client of an earlier commit (a git worktree
+  under bench/out, its own cache), with their own bare references in the same run.
+Every side alternates with its reference round by round; ratios are medians of the rounds'
+ratios. The corpus is bench/corpus.py's (code the project was never tuned on, short and long
+documents), tokenized with a tokenizer trained on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -29,123 +37,110 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+import grpc
 import yaml
-from tokenfeed.client import Client
-from tokenfeed.server.commands import democorpus
+from tokenfeed.v1 import tokenfeed_pb2 as pb
 
+from bench import corpus as corpusmod
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
-from bench.table import number, render
+from bench.streams import consume_argv, loadavg, pids_of, read_argv, together
+from bench.wiretable import table
 
-SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len): the issue's two batch shapes
-TARGETS = {(8, 2048): 0.5, (32, 4096): 0.8}
-COPIES = 16  # of the demo corpus: about 5 M tokens, 37 steps of [32, 4096] per epoch
+SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's two shapes
+TARGETS = {(8, 2048): 0.6, (32, 4096): 0.8}  # tokenfeed, each row once / bare transport
+RANKS, RANK_SHAPE = 8, (8, 2048)  # one job of 8 ranks of [8, 2048]: global batch 64 rows
+RANKS_TARGET = 0.6
+CHUNK_BYTES = "2MiB"  # the corpus in about 16 chunks (window_chunks: the default 8)
 START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
+SIZING_STEPS = 16  # steps streamed to learn a case's message size, from SIZING_START
+SIZING_START = 10**9  # an epoch that no measurement reaches
 
 
 @dataclass(frozen=True)
 class WireSizes:
-    tokens: int  # per measured stream
+    tokens: int  # per measured stream, all consumers of a case together
     rounds: int
+    mb: float  # of text in the corpus
 
 
-QUICK = WireSizes(tokens=8_000_000, rounds=2)
-FULL = WireSizes(tokens=40_000_000, rounds=5)
+QUICK = WireSizes(tokens=8_000_000, rounds=2, mb=31)
+FULL = WireSizes(tokens=40_000_000, rounds=5, mb=31)
+
+
+@dataclass
+class Case:
+    """One row of the table: a server, its workers, how many consumers read what."""
+
+    server: str  # "now", or "before <rev>"
+    workers: int
+    consumers: int
+    rows: int  # of one consumer's batches
+    seq_len: int
+    reads: str  # "once" (training) or "warm" (epoch 0 re-read)
+    message_bytes: int = 0
+    tokenfeed: list[float] = field(default_factory=list)  # aggregate tokens/s per round
+    bare: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # server CPU s per M tokens, per round
+    bare_cpu: list[float] = field(default_factory=list)
+    reader_cpu: list[float] = field(default_factory=list)  # consumers' CPU s per M tokens
+    bare_reader_cpu: list[float] = field(default_factory=list)
+
+    @property
+    def job(self) -> str:
+        return job_name(self.rows * self.consumers, self.seq_len)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.seq_len
+
+    def ratio(self) -> float:
+        return median([a / b for a, b in zip(self.tokenfeed, self.bare, strict=True)])
+
+    @property
+    def target(self) -> float | None:
+        if self.reads != "once":
+            return None
+        return RANKS_TARGET if self.consumers > 1 else TARGETS[self.shape]
 
 
 @dataclass
 class WireResult:
-    docs: int
-    tokenfeed: dict = field(default_factory=dict)  # shape -> [tokens/s per round]
-    ceiling: dict = field(default_factory=dict)
-    memmap: dict = field(default_factory=dict)
-    cpu: dict = field(default_factory=dict)  # shape -> [server CPU s per M tokens]
-    before: dict = field(default_factory=dict)  # shape -> (tokens/s, CPU s per M tokens)
-    workers: dict = field(default_factory=dict)  # workers -> [aggregate tokens/s per round]
-    before_rev: str = ""
-    readers: int = 2
+    corpus: corpusmod.Corpus
+    cases: list[Case] = field(default_factory=list)
+    ranks: int = RANKS
+    chunk_bytes: str = CHUNK_BYTES
+    tokens_per_epoch: int = 0
+    steps_per_epoch: dict = field(default_factory=dict)  # job -> steps
 
 
 def job_name(rows: int, seq_len: int) -> str:
     return f"w{rows}x{seq_len}"
 
 
-def write_config(path: Path, corpus: Path, tokenizer: Path, cache: Path, workers: int) -> None:
+def job_shapes(ranks: int) -> tuple[tuple[int, int], ...]:
+    """(global batch rows, seq_len) of every job: the two shapes, and the ranks' job."""
+    return (*SHAPES, (ranks * RANK_SHAPE[0], RANK_SHAPE[1]))
+
+
+def write_config(
+    path: Path, corpus: Path, tokenizer: Path, cache: Path, workers: int, ranks: int
+) -> None:
     jobs = {
         job_name(r, s): {
-            "sources": [str(corpus / "*")],
+            "sources": [str(corpus / "*.jsonl")],
             "tokenizer": str(tokenizer),
             "seq_len": s,
             "global_batch_size": r,
             "seed": 1,
-            "chunk_bytes": "256KiB",
-            "window_chunks": 4,
+            "chunk_bytes": CHUNK_BYTES,
         }
-        for r, s in SHAPES
+        for r, s in job_shapes(ranks)
     }
     server = {"listen": "127.0.0.1:0", "cache_dir": str(cache), "grace_seconds": 2.0}
     if workers > 1:
         server["workers"] = workers
     path.write_text(yaml.safe_dump({"server": server, "jobs": jobs}, sort_keys=False))
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def consumers(
-    target: str,
-    job: str,
-    steps: int,
-    count: int = 1,
-    env: dict | None = None,
-    mode: str = "stream",
-    wrap: int = 0,
-) -> list[dict]:
-    """`count` consumer processes, each streaming `steps` steps of its own rank (within the
-    first `wrap` steps, over and over: warm serving on a small corpus)."""
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.consume",
-                "--target",
-                target,
-                "--job",
-                job,
-                "--steps",
-                str(steps),
-                "--mode",
-                mode,
-                "--rank",
-                str(r),
-                "--world",
-                str(count),
-                "--wrap",
-                str(wrap),
-            ],
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            env=env,
-        )
-        for r in range(count)
-    ]
-    out = []
-    for p in procs:
-        stdout, _ = p.communicate(timeout=600)
-        if p.returncode:
-            raise RuntimeError(f"consumer exited with {p.returncode}")
-        out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
-    return out
 
 
 def serve(
@@ -162,139 +157,155 @@ def serve(
     return proc
 
 
-def pids_of(proc: ServerProcess) -> list[int]:
-    info = json.loads(proc.ready_file.read_text())
-    return [info["pid"], *info.get("workers", [])]
+def bare_server(work: Path, size: int, procs: int) -> ServerProcess:
+    argv = [sys.executable, "-m", "bench.transport", "serve", "--bytes", str(size)]
+    proc = ServerProcess(f"bare-{size}-{procs}", [*argv, "--procs", str(procs)], work)
+    proc.start(START_TIMEOUT)
+    return proc
 
 
-EPOCH_STEPS: dict[tuple[int, int], int] = {}  # shape -> steps of one epoch (warm, wrapped)
+def describe(address: str, job: str, env: dict | None) -> tuple[int, str]:
+    """(steps per epoch, state) of a job, asked by a client of the server's own tree."""
+    code = (
+        "from tokenfeed.client import Client; "
+        f"i = Client({address!r}, job={job!r}).describe(); "
+        "print(i['steps_per_epoch'], i['state'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+    ).stdout.split()
+    return (int(out[0]), out[1]) if len(out) == 2 else (0, "")
 
 
-def wait_ready(address: str, env: dict | None = None) -> None:
+def wait_ready(address: str, env: dict | None, result: WireResult) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
-    for rows, seq_len in SHAPES:
+    for rows, seq_len in job_shapes(result.ranks):
+        job = job_name(rows, seq_len)
         while True:
-            code = (
-                "import sys; from tokenfeed.client import Client; "
-                f"c = Client({address!r}, job={job_name(rows, seq_len)!r}); "
-                "i = c.describe(); print(i['steps_per_epoch'], i['state'])"
-            )
-            out = subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
-            ).stdout.strip()
-            state = out.split()[-1] if out else ""
+            steps, state = describe(address, job, env)
             if state.endswith("READY"):
-                EPOCH_STEPS[(rows, seq_len)] = int(out.split()[0])
+                result.steps_per_epoch[job] = steps
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{address}: job not ready ({state})")
+                raise RuntimeError(f"{address}: job {job} not ready ({state})")
             time.sleep(0.5)
 
 
-def measure_memmap(work: Path, address: str, rows: int, seq_len: int, steps: int) -> float:
-    """tokens/s of an in-process loader over the same rows: the tokens of `steps` batches
-    (fetched once from the server) in one file, memory-mapped, sliced and widened."""
-    path = work / f"memmap-{rows}x{seq_len}.u2"
-    with Client(address, job=job_name(rows, seq_len)) as c:
-        with open(path, "wb") as f:
-            for s in range(min(steps, 64)):
-                f.write(np.ascontiguousarray(c.get_batch(s).compact.tokens).tobytes())
-    table = np.memmap(path, dtype="<u2", mode="r").reshape(-1, seq_len + 1)
-    batches, tokens = len(table) // rows, 0
-    began = time.perf_counter()
-    for i in range(steps):
-        block = table[(i % batches) * rows : (i % batches + 1) * rows]
-        ids = block[:, :seq_len].astype(np.int32)
-        labels = block[:, 1:].astype(np.int32)
-        tokens += ids.size + 0 * labels.size
-    return tokens / (time.perf_counter() - began)
-
-
-def rate(results: list[dict]) -> float:
-    """Aggregate tokens/s of consumers that ran at once."""
-    return sum(r["tokens"] for r in results) / max(r["seconds"] for r in results)
-
-
-def measure_current(work: Path, config: Path, sizes: WireSizes, result: WireResult) -> None:
-    server = serve(work, "tokenfeed", config)
-    ceilings = {
-        shape: ServerProcess(
-            f"ceiling-{shape[0]}x{shape[1]}",
-            [
-                sys.executable,
-                "-m",
-                "bench.ceiling",
-                "--rows",
-                str(shape[0]),
-                "--seq-len",
-                str(shape[1]),
-            ],
-            work,
+def message_bytes(address: str, job: str, start: int, rank: int, world: int) -> int:
+    """The mean serialized size of a job's batch messages of one rank (SIZING_STEPS steps)."""
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)]) as ch:
+        call = ch.unary_stream(
+            "/tokenfeed.v1.TokenFeed/StreamBatches",
+            request_serializer=pb.StreamBatchesRequest.SerializeToString,
         )
-        for shape in SHAPES
-    }
-    try:
-        wait_ready(server.address)
-        for c in ceilings.values():
-            c.start(START_TIMEOUT)
-        pids = pids_of(server)
-        for rows, seq_len in SHAPES:
-            steps = max(sizes.tokens // (rows * seq_len), 10)
-            job = job_name(rows, seq_len)
-            wrap = EPOCH_STEPS[(rows, seq_len)]
-            consumers(server.address, job, wrap, wrap=wrap)  # warm: every chunk opened once
-            for _ in range(sizes.rounds):
-                before = cpu_seconds(pids)
-                [r] = consumers(server.address, job, steps, wrap=wrap)
-                used = cpu_seconds(pids) - before
-                result.tokenfeed.setdefault((rows, seq_len), []).append(rate([r]))
-                result.cpu.setdefault((rows, seq_len), []).append(used / (r["tokens"] / 1e6))
-                [c] = consumers(ceilings[(rows, seq_len)].address, "ceiling", steps, wrap=wrap)
-                result.ceiling.setdefault((rows, seq_len), []).append(rate([c]))
-                result.memmap.setdefault((rows, seq_len), []).append(
-                    measure_memmap(work, server.address, rows, seq_len, steps)
-                )
-    finally:
-        server.stop(15)
-        for c in ceilings.values():
-            if c.address:
-                c.stop(15)
+        request = pb.StreamBatchesRequest(
+            job=job, start_step=start, end_step=start + SIZING_STEPS, rank=rank, world_size=world
+        )
+        sizes = [len(m) for m in call(request)]
+    return round(sum(sizes) / len(sizes))
 
 
-def measure_workers(
+class Steps:
+    """Fresh steps of each job, from past its epoch 0 (which the warm re-read reads): a server
+    never reads a step twice, but in the warm re-read."""
+
+    def __init__(self) -> None:
+        self.next: dict[str, int] = {}
+
+    def take(self, job: str, steps: int, result: WireResult) -> int:
+        start = self.next.get(job, result.steps_per_epoch[job] + 1)
+        self.next[job] = start + steps
+        return start
+
+
+def measure_server(
     work: Path,
-    corpus: Path,
-    tokenizer: Path,
+    label: str,
+    config_of,
+    workers: tuple[int, ...],
     sizes: WireSizes,
     result: WireResult,
-    counts: tuple[int, ...] = (1, 2),
-    readers: int = 2,
+    env: dict | None = None,
+    tree: Path = ROOT,
 ) -> None:
-    rows, seq_len = SHAPES[0]
-    steps = max(sizes.tokens // (rows * seq_len), 10)
-    result.readers = readers
-    for n in counts:
-        config = work / f"workers-{n}.yaml"
-        write_config(config, corpus, tokenizer, work / "cache", n)  # built already: warm
-        server = serve(work, f"workers-{n}", config)
+    """Every case of one server (this tree's or an earlier commit's), each with its bare
+    transport in the same rounds."""
+    fresh = Steps()
+    for n in workers:
+        server = serve(work, f"{label.replace(' ', '-')}-w{n}", config_of(n), env, tree)
+        bares: dict[tuple[int, int], ServerProcess] = {}
         try:
-            wait_ready(server.address)
-            wrap = EPOCH_STEPS[(rows, seq_len)]
-            consumers(server.address, job_name(rows, seq_len), wrap, count=readers, wrap=wrap)
-            for _ in range(sizes.rounds):
-                got = consumers(
-                    server.address, job_name(rows, seq_len), steps, count=readers, wrap=wrap
+            wait_ready(server.address, env, result)
+            pids = pids_of(server)
+            cases = []
+            if n == 1:
+                for rows, seq_len in SHAPES:
+                    for reads in ("once", "warm"):
+                        cases.append(Case(label, n, 1, rows, seq_len, reads))
+            cases.append(Case(label, n, result.ranks, *RANK_SHAPE, "once"))
+            for case in cases:
+                # Sizing reads steps of an epoch no measurement reaches.
+                case.message_bytes = message_bytes(
+                    server.address, case.job, SIZING_START, 0, case.consumers
                 )
-                result.workers.setdefault(n, []).append(rate(got))
+                key = (case.message_bytes, n)
+                if key not in bares:
+                    bares[key] = bare_server(work, case.message_bytes, n)
+            for case in cases:
+                if case.reads == "warm":  # one pass over epoch 0 first: then all laid out
+                    e = result.steps_per_epoch[case.job]
+                    together([consume_argv(server.address, case.job, 0, e, 0, 1)], env, pids)
+            for r in range(sizes.rounds):
+                for case in cases if r % 2 == 0 else cases[::-1]:
+                    run_round(case, server, bares, pids, sizes, fresh, result, env, r)
+            result.cases += cases
         finally:
             server.stop(15)
+            for b in bares.values():
+                b.stop(15)
 
 
-def measure_before(
-    work: Path, rev: str, corpus: Path, tokenizer: Path, sizes: WireSizes, result: WireResult
+def run_round(
+    case: Case,
+    server: ServerProcess,
+    bares: dict,
+    pids: list[int],
+    sizes: WireSizes,
+    fresh: Steps,
+    result: WireResult,
+    env: dict | None,
+    r: int,
 ) -> None:
-    """The same stream from the server and client of commit `rev` (its own cache)."""
-    tree = work / "before"
+    per_message = case.rows * case.seq_len
+    steps = max(sizes.tokens // (per_message * case.consumers), 10)
+    bare = bares[(case.message_bytes, case.workers)]
+    sides = ["tokenfeed", "bare"] if r % 2 == 0 else ["bare", "tokenfeed"]
+    for side in sides:
+        if side == "bare":
+            argv = read_argv(bare.address, steps, per_message)
+            got, cpu = together([argv] * case.consumers, None, pids_of(bare))
+            case.bare.append(got["rate"])
+            case.bare_cpu.append(cpu / (got["tokens"] / 1e6))
+            case.bare_reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
+            continue
+        if case.reads == "warm":
+            wrap = result.steps_per_epoch[case.job]
+            argvs = [consume_argv(server.address, case.job, 0, steps, 0, 1, wrap)]
+        else:
+            start = fresh.take(case.job, steps, result)
+            argvs = [
+                consume_argv(server.address, case.job, start, steps, k, case.consumers)
+                for k in range(case.consumers)
+            ]
+        got, cpu = together(argvs, env, pids)
+        case.tokenfeed.append(got["rate"])
+        case.cpu.append(cpu / (got["tokens"] / 1e6))
+        case.reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
+
+
+def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
+    """A worktree of commit `rev` and the environment that runs its server and client."""
+    tree = work / f"before-{rev}"
     if not tree.exists():
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), rev],
@@ -303,38 +314,7 @@ def measure_before(
             capture_output=True,
         )
     env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"}
-    config = work / "before.yaml"
-    write_config(config, corpus, tokenizer, work / "before-cache", 1)
-    server = serve(work, "before", config, env, tree)
-    try:
-        wait_ready(server.address, env)
-        pids = pids_of(server)
-        for rows, seq_len in SHAPES:
-            steps = max(sizes.tokens // (rows * seq_len), 10)
-            job = job_name(rows, seq_len)
-            wrap = EPOCH_STEPS[(rows, seq_len)]
-            consumers(server.address, job, wrap, env=env, wrap=wrap)
-            rates, cpus = [], []
-            for _ in range(sizes.rounds):
-                used = cpu_seconds(pids)
-                [r] = consumers(server.address, job, steps, env=env, wrap=wrap)
-                cpus.append((cpu_seconds(pids) - used) / (r["tokens"] / 1e6))
-                rates.append(rate([r]))
-            result.before[(rows, seq_len)] = (median(rates), median(cpus))
-    finally:
-        server.stop(15)
-
-
-def corpus_of(work: Path) -> tuple[Path, int]:
-    """The demo documents COPIES times over (made once): epochs long enough that a stream
-    of [32, 4096] batches runs for many steps between epoch turns, as on a real corpus."""
-    corpus, marker = work / "corpus", work / "corpus.done"
-    docs = democorpus.documents() * COPIES
-    if not marker.exists():
-        shutil.rmtree(corpus, ignore_errors=True)
-        democorpus.write_corpus(corpus, docs)
-        marker.write_text(str(len(docs)))
-    return corpus, len(docs)
+    return tree, env
 
 
 def run(
@@ -342,99 +322,50 @@ def run(
     out: Path,
     before: str = "",
     workers: tuple[int, ...] = (1, 2),
-    readers: int = 2,
+    ranks: int = RANKS,
 ) -> WireResult:
-    _, tokenizer, _ = democorpus.prepare(out / "democorpus")
+    c = corpusmod.prepare(sizes.mb, out)
     work = out / "wire"
     work.mkdir(parents=True, exist_ok=True)
-    corpus, docs = corpus_of(work)
-    for stale in ("cache", "before-cache"):
-        shutil.rmtree(work / stale, ignore_errors=True)
-    result = WireResult(docs, before_rev=before)
-    config = work / "tokenfeed.yaml"
-    write_config(config, corpus, tokenizer, work / "cache", 1)
-    measure_current(work, config, sizes, result)
-    measure_workers(work, corpus, tokenizer, sizes, result, workers, readers)
+    result = WireResult(c, ranks=ranks)
+
+    def configs(cache: Path, tag: str):
+        def config_of(n: int) -> Path:
+            path = work / f"{tag}-workers-{n}.yaml"
+            write_config(path, c.root, c.tokenizer, cache, n, ranks)
+            return path
+
+        return config_of
+
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    measure_server(work, "now", configs(work / "cache", "now"), workers, sizes, result)
     if before:
-        measure_before(work, before, corpus, tokenizer, sizes, result)
+        tree, env = before_tree(work, before)
+        shutil.rmtree(work / "before-cache", ignore_errors=True)
+        config_of = configs(work / "before-cache", "before")
+        measure_server(work, f"before {before}", config_of, workers, sizes, result, env, tree)
+    spe = result.steps_per_epoch[job_name(*SHAPES[0])]
+    result.tokens_per_epoch = spe * SHAPES[0][0] * SHAPES[0][1]
     return result
-
-
-def table(r: WireResult) -> str:
-    rows = []
-    for shape in SHAPES:
-        tf, cl, mm = median(r.tokenfeed[shape]), median(r.ceiling[shape]), median(r.memmap[shape])
-        ratio = median([a / b for a, b in zip(r.tokenfeed[shape], r.ceiling[shape], strict=True)])
-        goal = TARGETS[shape]
-        rows.append(
-            [
-                f"[{shape[0]}, {shape[1]}] StreamBatches",
-                number(tf / 1e6, 1),
-                number(cl / 1e6, 1),
-                f"{ratio:.2f}",
-                f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
-                number(mm / 1e6, 1),
-                f"{tf / mm:.3f}",
-            ]
-        )
-    main = render(
-        f"Wire: StreamBatches to one consumer process, M tokens/s (median of "
-        f"{len(r.tokenfeed[SHAPES[0]])} rounds; {r.docs:,} docs)",
-        ["batch", "tokenfeed", "raw gRPC int32", "ratio", "target", "memmap loader", "vs memmap"],
-        rows,
-    )
-    cpu_rows = []
-    for shape in SHAPES:
-        after = median(r.cpu[shape])
-        if shape in r.before:
-            b_rate, b_cpu = r.before[shape]
-            cpu_rows.append(
-                [
-                    f"[{shape[0]}, {shape[1]}]",
-                    f"{b_cpu:.3f}",
-                    f"{after:.3f}",
-                    f"{b_cpu / after:.1f}x",
-                    number(b_rate / 1e6, 1),
-                    number(median(r.tokenfeed[shape]) / 1e6, 1),
-                ]
-            )
-        else:
-            cpu_rows.append(
-                [
-                    f"[{shape[0]}, {shape[1]}]",
-                    "-",
-                    f"{after:.3f}",
-                    "-",
-                    "-",
-                    number(median(r.tokenfeed[shape]) / 1e6, 1),
-                ]
-            )
-    before = f"before: commit {r.before_rev}" if r.before_rev else "before: not run (--before REV)"
-    cpu = render(
-        f"Server CPU seconds per million tokens streamed ({before})",
-        ["batch", "CPU s/M before", "CPU s/M now", "less", "M tok/s before", "M tok/s now"],
-        cpu_rows,
-    )
-    w = {n: median(v) for n, v in r.workers.items()}
-    workers = render(
-        f"Serving workers, {r.readers} consumer processes streaming ranks 0..{r.readers - 1} of "
-        f"[{SHAPES[0][0]}, {SHAPES[0][1]}] (cores here: {len(os.sched_getaffinity(0))})",
-        ["server.workers", "aggregate M tokens/s", "vs the first"],
-        [[str(n), number(v / 1e6, 1), f"{v / w[min(w)]:.2f}"] for n, v in sorted(w.items())],
-    )
-    return "\n\n".join([main, cpu, workers])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--before", default="", help="also measure this earlier commit")
-    parser.add_argument("--workers", default="1,2", help="server.workers values to compare")
-    parser.add_argument("--readers", type=int, default=2, help="consumer processes")
+    parser.add_argument("--workers", default="1,2", help="server.workers values (8 ranks)")
+    parser.add_argument("--ranks", type=int, default=RANKS, help="consumer processes of a job")
+    parser.add_argument("--mb", type=float, default=0.0, help="corpus MB (default: the size's)")
+    parser.add_argument("--tokens", type=int, default=0, help="tokens per measured stream")
+    parser.add_argument("--rounds", type=int, default=0)
     a = parser.parse_args()
-    out = Path(__file__).resolve().parent / "out"
+    sizes = QUICK if a.quick else FULL
+    sizes = WireSizes(a.tokens or sizes.tokens, a.rounds or sizes.rounds, a.mb or sizes.mb)
     counts = tuple(int(n) for n in a.workers.split(","))
-    print(table(run(QUICK if a.quick else FULL, out, a.before, counts, a.readers)))
+    out = Path(__file__).resolve().parent / "out"
+    load = loadavg()
+    result = run(sizes, out, a.before, counts, a.ranks)
+    print(table(result, f"{load} at the start, {loadavg()} at the end"))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from tokenfeed.server.commands import democorpus
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.config import TokenizerSpec
 from tokenfeed.server.tokenizer import fasttok
-from tokenfeed.server.tokenizer.tokenize import PARITY_DOCS, TextTokenizer
+from tokenfeed.server.tokenizer.tokenize import PARITY_CHARS, PARITY_DOCS, TextTokenizer
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3_PATTERN = (
@@ -326,3 +326,44 @@ def test_once_the_first_documents_agree_tiktokens_ids_are_used_alone(llama3, doc
     assert split(*tok.encode(docs[:PARITY_DOCS])) == hf_ids(llama3, docs[:PARITY_DOCS])
     assert split(*tok.encode([text])) != hf_ids(llama3, [text])
     assert tok.engine == "tiktoken"
+
+
+def test_once_the_first_characters_agree_tiktokens_ids_are_used_alone(llama3, docs):
+    """Long documents: the check ends after PARITY_CHARS characters of them agreed, however
+    few the documents; within the batch that ends it, the documents after those compared are
+    tiktoken's, and a difference among those compared still keeps HF's ids for the batch."""
+    used, text, unused = rare_tokens(llama3, docs)
+    wrong = swapped(good_engine(llama3), used, unused)
+    long = ["\n\n".join(docs[i::4]) for i in range(4)]  # 4 documents, each over 64 K chars
+    assert all(len(d) > PARITY_CHARS // 4 for d in long) and len(long) < PARITY_DOCS
+    tok = load(llama3, "auto", fast=wrong)
+    # The rare text right after the compared documents, in the same batch: tiktoken's alone.
+    got = split(*tok.encode([*long, text]))
+    assert got[:4] == hf_ids(llama3, long)
+    assert got[4] != hf_ids(llama3, [text])[0]
+    assert tok.engine == "tiktoken"
+    # A rare text among the first characters is compared: HF's ids, and HF from then on.
+    tok = load(llama3, "auto", fast=wrong)
+    assert split(*tok.encode([text, *long])) == hf_ids(llama3, [text, *long])
+    assert tok.engine == "hf"
+
+
+def test_encode_tasks_keep_the_order_and_bound_each_task(docs):
+    # Tasks of at most 32 documents and 64 K characters (a longer document alone), encoded
+    # largest first and put back in order: the ids are HF's, document by document.
+    long = "\n".join(docs[:120])
+    assert len(long) > fasttok._CHARS_PER_TASK
+    texts = [*docs[:40], long, *docs[40:45], long[: len(long) // 2], *docs[45:100]]
+    tasks = fasttok._tasks(texts)
+    assert [t for task in tasks for t in task] == texts
+    for task in tasks:
+        assert len(task) <= fasttok._DOCS_PER_TASK
+        assert len(task) == 1 or sum(map(len, task)) <= fasttok._CHARS_PER_TASK
+    assert [long] in tasks
+    engine = good_engine_gpt2()
+    tokens, lengths = engine.encode(texts, np.dtype(np.uint16))
+    assert split(tokens, lengths) == hf_ids(TOKENIZER, texts)
+
+
+def good_engine_gpt2() -> fasttok.FastEngine:
+    return fasttok.FastEngine.from_config(json.loads(Path(TOKENIZER).read_text()))

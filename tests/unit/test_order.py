@@ -12,6 +12,7 @@ from tokenfeed.server.sampling.order import (
     epoch_layout,
     locate_units,
     natural_rows,
+    permutation,
     permute,
     round_keys,
     window_order,
@@ -144,6 +145,25 @@ def test_round_keys_separate_their_parts():
     assert round_keys("a", "bc") != round_keys("ab", "c")
     assert round_keys("rows", 0, "main", 0, 1) != round_keys("rows", 0, "main", 0, 2)
     assert round_keys("rows", 0, "main", 0) != round_keys("chunks", 0, "main", 0)
+
+
+@given(n=st.integers(1, 5000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 1000))
+def test_the_whole_permutation_is_permute_of_every_index(n, seed, epoch):
+    # permutation() walks cycles through a table of the Feistel network; permute() walks by
+    # recomputing it: the same bijection (document, window and chunk orders use the first).
+    keys = round_keys("docs", seed, "main", epoch)
+    assert np.array_equal(permutation(n, keys), permute(np.arange(n), n, keys))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_the_whole_permutation_of_each_size_is_pinned_by_permute(n):
+    assert np.array_equal(permutation(n, KEYS), full(n))
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_permutation_rejects_empty_domain(n):
+    with pytest.raises(ValueError, match="non-empty"):
+        permutation(n, KEYS)
 
 
 @pytest.mark.parametrize("n", [0, -1])

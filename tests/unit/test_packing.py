@@ -170,3 +170,53 @@ def test_chunk_of_only_empty_documents():
 def test_concat_contract(data, lengths, seq_len, add_bos):
     order = data.draw(st.permutations(range(len(lengths))))
     check_rows(lengths, np.array(order, dtype=np.int64), seq_len, add_bos)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    add_bos=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_stream_laid_out_by_slices_equals_the_gather(lengths, add_bos, seed):
+    # lay_out copies a document at a time where documents are long enough on average and
+    # gathers token by token (fill_concat) otherwise: both must give the same ids and starts.
+    from tokenfeed.server.pack import packing
+
+    tokens, offsets, lens = make_chunk(lengths, dtype=np.uint16)
+    doc_order = np.random.default_rng(seed).permutation(len(lengths))
+    stream = concat_stream(offsets, lens, doc_order, add_bos)
+    want = np.full(stream.total, 9999, dtype=np.uint16)
+    one = np.ones(1, dtype=np.int64)
+    want_starts = packing.fill_concat(
+        stream, tokens, 0 * one, stream.total * one, 0 * one, BOS, EOS, want
+    )
+    for mean in (0, 10**9):  # every chunk by slices, then every chunk by the gather
+        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        try:
+            got = np.full(stream.total, 7777, dtype=np.uint16)
+            starts = packing.lay_out(stream, tokens, got, BOS, EOS)
+        finally:
+            packing.SLICE_MEAN_TOKENS = was
+        assert np.array_equal(got, want)
+        assert np.array_equal(starts, want_starts)
+    # A row buffer (the stream, then tail pieces) joined from slices or laid out by the gather.
+    tail = [
+        packing.RowBuffer(np.arange(5, dtype=np.uint16) + 500, np.array([0, 3], dtype=np.int64)),
+        packing.RowBuffer(np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)),
+    ]
+    buffers = []
+    for mean in (0, 10**9):
+        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        try:
+            buffers.append(packing.row_buffer(stream, tokens, tail, BOS, EOS, np.uint16))
+        finally:
+            packing.SLICE_MEAN_TOKENS = was
+    joined, gathered = buffers
+    assert np.array_equal(joined.ids, gathered.ids)
+    assert np.array_equal(joined.ids[: stream.total], want)
+    assert np.array_equal(joined.ids[stream.total :], tail[0].ids)
+    assert np.array_equal(joined.starts, gathered.starts)
+    assert np.array_equal(
+        joined.starts, np.concatenate([want_starts, [stream.total, stream.total + 3]])
+    )

@@ -18,11 +18,11 @@ from tokenfeed.server.serve.service import (
 @pytest.mark.parametrize(
     ("rows", "seq_len", "expected"),
     [
-        (8, 2048, 4),  # 16 K tokens a batch: a full group
+        (8, 2048, 8),  # 16 K tokens a batch: a full group
         (16, 4096, 2),  # 64 K: two fit in GROUP_TOKENS
         (32, 4096, 1),  # one [32, 4096] batch is the bound itself
         (64, 8192, 1),  # larger than the bound: one at a time, never zero
-        (1, 128, 4),
+        (1, 128, 8),
     ],
 )
 def test_groups_are_bounded_by_tokens(rows, seq_len, expected):

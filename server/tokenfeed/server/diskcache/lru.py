@@ -33,6 +33,14 @@ class LRU(Generic[K, V]):
         with self._lock:
             return self._items.get(key)
 
+    def get(self, key: K) -> V | None:
+        """The value of `key` if present (now the most recent), else None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
     def keys(self) -> list[K]:
         with self._lock:
             return list(self._items)

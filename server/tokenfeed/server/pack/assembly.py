@@ -13,12 +13,14 @@ served.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import xxhash
 from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
@@ -62,6 +64,9 @@ class DatasetChunks(Protocol):
     def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]: ...
 
 
+BUFFERS_MAX = 1 << 20  # row buffers kept at most, whatever their bytes: about 100 MB of keys
+
+
 class Assembler:
     def __init__(
         self,
@@ -86,8 +91,19 @@ class Assembler:
         self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
         # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
         # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
-        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(4096, stream_cache_bytes)
-        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(4096, stream_cache_bytes)
+        # Bounded by bytes, not by count: a corpus of 20,000 chunks of 1 KB has as many small
+        # buffers an epoch, and a cap of 4096 laid them out again on every read (bench/, scale).
+        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(
+            BUFFERS_MAX, stream_cache_bytes
+        )
+        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(BUFFERS_MAX, stream_cache_bytes)
+        # xxh3-128 of each chunk's tokens as mapped when its digests were last checked
+        # (`_verified`): 16 bytes a chunk.
+        self._sums: dict[str, bytes] = {}
+        # Row buffers being laid out, by key: a buffer is laid out once for every stream and
+        # rank that needs it (the others wait for it), never once per thread that missed it.
+        self._making: dict[tuple[Any, int, int], threading.Event] = {}
+        self._making_lock = threading.Lock()
         store.cache.on_evict(self._forget)
 
     @property
@@ -112,14 +128,17 @@ class Assembler:
         return self.store.cache.pinned(self.chunk_keys(plan))
 
     async def open_chunks(self, plan: RowPlan, executor: Executor) -> None:
-        """Open (verify, or rebuild) in a worker thread the chunks a plan needs."""
+        """Open (verify, or rebuild) in a worker thread the chunks a plan needs. Row buffers
+        are laid out in one task, from the last position of an epoch to the first: a buffer's
+        tail is then cut from the next buffer, laid out just before (bench/, wire section)."""
         missing: list[Callable[[], object]]
         if self.spec.packing == "concat":  # laid out in the epoch's order, with their tails
-            missing = [
-                partial(self.row_buffer, *key)
-                for key in plan.buffers
-                if not self.buffers.contains(key[:3])
-            ]
+            keys = sorted(
+                (k for k in plan.buffers if not self.buffers.contains(k[:3])),
+                key=lambda k: (_dataset(k[0]), _segment(k[0]), k[1], k[3]),
+                reverse=True,
+            )
+            missing = [partial(self._row_buffers, keys)] if keys else []
         else:
             chunks = {
                 (_dataset(key), c)
@@ -134,6 +153,10 @@ class Assembler:
             except (SourceError, BadRecordError) as e:
                 self._fail(str(e))
                 raise JobFailedError(str(e)) from e
+
+    def _row_buffers(self, keys: list[tuple[Any, int, int, int]]) -> None:
+        for key in keys:
+            self.row_buffer(*key)
 
     # ---------------------------------------------------------------- batches
 
@@ -222,6 +245,7 @@ class Assembler:
     def _forget(self, entry: tuple[str, str]) -> None:
         """An evicted body is no longer mapped here (called with the cache's lock held)."""
         kind, key = entry
+        self._sums.pop(key, None)
         for d, idx in enumerate(self.indexes):
             c = idx.keys.get(key) if kind == "chunk" else None
             if c is not None:
@@ -252,42 +276,62 @@ class Assembler:
     ) -> packing.RowBuffer:
         """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
         concat stream and its tail, in the wire's dtype. `key` is the dataset, or (dataset,
-        segment) for a later segment's rows (another tail); epoch -1 names a carry block."""
+        segment) for a later segment's rows (another tail); epoch -1 names a carry block. Laid
+        out by one thread at a time: another that needs it meanwhile waits for it."""
         if epoch < 0:
-            return self._carry_block(key, c)
+            return self._once((key, -1, c), partial(self._lay_carry, key, c))
+        return self._once((key, epoch, c), partial(self._lay_out, key, epoch, c, position))
+
+    def _once(
+        self, key: tuple[Any, int, int], make: Callable[[], packing.RowBuffer]
+    ) -> packing.RowBuffer:
+        """The row buffer `key`, made by `make` in this thread unless another thread is making
+        it (then this one waits for it, and makes it itself if that one failed)."""
+        while True:
+            found = self.buffers.get(key)
+            if found is not None:
+                return found
+            with self._making_lock:
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()
+        try:
+            return self.buffers.get_or_make(key, make)
+        finally:
+            with self._making_lock:
+                del self._making[key]
+            making.set()
+
+    def _lay_out(
+        self, key: int | tuple[int, int], epoch: int, c: int, position: int
+    ) -> packing.RowBuffer:
         d, segment = (key, 0) if isinstance(key, int) else key
+        t = self.loaded_tokenizer
+        tail = self._laid(d, self._tail(d, epoch, position, segment))
+        return packing.row_buffer(
+            self.stream(d, epoch, c),
+            self._verified(d, c).tokens,
+            tail,
+            t.bos_id,
+            t.eos_id,
+            self.wire_dtype,
+        )
 
-        def make() -> packing.RowBuffer:
-            t = self.loaded_tokenizer
-            tail = self._laid(d, self._tail(d, epoch, position, segment))
-            return packing.row_buffer(
-                self.stream(d, epoch, c),
-                self._verified(d, c).tokens,
-                tail,
-                t.bos_id,
-                t.eos_id,
-                self.wire_dtype,
-            )
-
-        return self.buffers.get_or_make((key, epoch, c), make)
-
-    def _carry_block(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
+    def _lay_carry(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
         """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
         verified chunks, one after another, a document segment starting at each join."""
         if isinstance(key, int):
             raise ValueError("a dataset's first segment has no carry")
         d, segment = key
-
-        def make() -> packing.RowBuffer:
-            pc, joins = self._carry(d, segment, block)
-            laid = self._laid(d, pc)
-            ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self.wire_dtype)
-            at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
-            found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
-            starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
-            return packing.RowBuffer(ids, starts.astype(np.int64))
-
-        return self.buffers.get_or_make((key, -1, block), make)
+        pc, joins = self._carry(d, segment, block)
+        laid = self._laid(d, pc)
+        ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self.wire_dtype)
+        at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
+        found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
+        starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
+        return packing.RowBuffer(ids, starts.astype(np.int64))
 
     def _laid(self, d: int, pc: order.Pieces) -> list[packing.RowBuffer]:
         """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
@@ -310,12 +354,24 @@ class Assembler:
         )
 
     def _verified(self, d: int, c: int) -> TokenChunk:
-        """Chunk c opened with its digests checked now, whatever was checked before: what is
+        """Chunk c opened with its tokens checked now, whatever was checked before: what is
         served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
-        while the server runs is found at the next copy, and the chunk rebuilt, never served."""
-        self.store.forget_verified(self.indexes[d].keys[c])
+        while the server runs is found at the next copy, and the chunk rebuilt, never served.
+        The first copy in this process checks the body's digests (the store's BLAKE2b, on
+        open) and keeps an xxh3-128 of the tokens as mapped; a later copy from the same
+        mapping compares the tokens with that at memory speed (BLAKE2b on every epoch's
+        layout cost about 3 ns a token, more than the rest of serving: bench/, wire section),
+        and on a mismatch checks the digests again, which drops and rebuilds a damaged body."""
+        key = self.indexes[d].keys[c]
+        opened, want = self._open.peek((d, c)), self._sums.get(key)
+        if opened is not None and want is not None and not self.store.gone(key):
+            if _tokens_sum(opened) == want:
+                return opened
+        self.store.forget_verified(key)
         self._open.discard((d, c))
-        return self.chunk(d, c)
+        chunk = self.chunk(d, c)
+        self._sums[key] = _tokens_sum(chunk)
+        return chunk
 
     def bestfit_tokens(self, d: int, c: int) -> np.ndarray:
         """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
@@ -333,3 +389,11 @@ class Assembler:
 def _dataset(key: int | tuple[int, int]) -> int:
     """The dataset of a row buffer's key (the dataset, or (dataset, segment))."""
     return key if isinstance(key, int) else key[0]
+
+
+def _segment(key: int | tuple[int, int]) -> int:
+    return 0 if isinstance(key, int) else key[1]
+
+
+def _tokens_sum(chunk: TokenChunk) -> bytes:
+    return xxhash.xxh3_128_digest(np.ascontiguousarray(chunk.tokens).data)

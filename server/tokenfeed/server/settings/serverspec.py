@@ -204,10 +204,10 @@ class ServerSpec:
         metadata=option(
             Integer(minimum=1),
             doc="batches each StreamBatches call builds ahead of the one being sent (a group of "
-            "up to 4 small batches, at most one [32, 4096] batch's tokens in all, is assembled "
-            "in one pass): a reader that stalls holds fewer than twice this many built batches, "
-            "plus the one in gRPC's hands: at most `2 × stream_ahead + 3` batches per stalled "
-            "stream, measured 6.4 at the default ([limits](#limits))",
+            "up to 8 small batches, at most one [32, 4096] batch's tokens in all, is assembled "
+            "in one pass): a reader that stalls holds this many built batches and a group, plus "
+            "the one in gRPC's hands: at most `2 × stream_ahead + 3` batches of 128 Ki tokens "
+            "per stalled stream, measured 6.4 at the default ([limits](#limits))",
             why="enough to keep the wire busy while the next is built (bench/ serving section), "
             "few enough that a reader that stalls holds little memory",
         ),

@@ -46,8 +46,12 @@ BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[BOS]")
 # Documents per encode call: large enough to keep every core busy, small enough to bound memory.
 ENCODE_BATCH_DOCS = 512
 # The job's first documents that tiktoken and HF must agree on before tiktoken's ids are taken
-# alone: the first encode batch of a large chunk, a few small chunks.
+# alone: the first encode batch of a large chunk, a few small chunks; or, where documents are
+# long, those of the first PARITY_CHARS characters. The check runs HF in every process that
+# encodes: 512 code sections of a few KB cost a 31 MB build on 2 cores about a tenth of its
+# time (bench/, tokenization section); 256 K characters still span many documents.
 PARITY_DOCS = ENCODE_BATCH_DOCS
+PARITY_CHARS = 256 * 1024
 
 
 class TextTokenizer:
@@ -84,6 +88,7 @@ class TextTokenizer:
         self.dtype = np.dtype(np.uint16) if self.vocab_size <= 65535 else np.dtype(np.int32)
         self._fast: fasttok.FastEngine | None = None
         self._agreed = 0  # of the job's documents, compared by both engines
+        self._agreed_chars = 0  # their characters
         self._switch = threading.Lock()
         self.engine, self.engine_reason = self._choose_engine(spec.backend, fast)
         engine_log.info("%s: tokenizer engine %s: %s", self.path, self.engine, self.engine_reason)
@@ -113,7 +118,7 @@ class TextTokenizer:
         self._fast = fast
         return "tiktoken", (
             f"exact byte-level BPE, agrees on the built-in sample; the job's first "
-            f"{PARITY_DOCS} documents are compared too"
+            f"{PARITY_DOCS} documents (or {PARITY_CHARS:,} characters) are compared too"
         )
 
     def _drop_length_settings(self) -> tuple[str, ...]:
@@ -184,15 +189,22 @@ class TextTokenizer:
         fast = self._fast
         if fast is None:
             return self._hf_encode(texts)
-        if self._agreed >= PARITY_DOCS:
+        if self._checked():
             return fast.encode(texts, self.dtype)
-        # Until enough documents agreed, every batch (of every thread) is compared and HF's ids
-        # are the ones kept: no id from tiktoken alone is used before the check has passed.
-        hf = self._hf_encode(texts)
-        diff = self._difference(texts, hf, fast.encode(texts, self.dtype))
+        # Until enough documents agreed, the batch's first documents that the check still
+        # needs are compared (of every thread) and, if they differ, HF's ids are the ones kept
+        # for the whole batch: no id from tiktoken alone is used before the check has passed.
+        k, chars = 0, self._agreed_chars
+        while k < len(texts) and self._agreed + k < PARITY_DOCS and chars < PARITY_CHARS:
+            chars += len(texts[k])
+            k += 1
+        tokens, lengths = fast.encode(texts, self.dtype)
+        head = (tokens[: int(lengths[:k].sum(dtype=np.int64))], lengths[:k])
+        diff = self._difference(texts[:k], self._hf_encode(texts[:k]), head)
         with self._switch:
             if diff is None:
-                self._agreed += len(texts)
+                self._agreed += k
+                self._agreed_chars = max(self._agreed_chars, chars)
             elif self._fast is not None:
                 self._fast = None
                 self.engine = "hf"
@@ -203,7 +215,15 @@ class TextTokenizer:
                     self.path,
                     diff,
                 )
-        return hf
+        if diff is None and k == len(texts):
+            return tokens, lengths
+        if diff is None and self._checked():  # the rest of the batch comes after the check
+            return tokens, lengths
+        return self._hf_encode(texts)
+
+    def _checked(self) -> bool:
+        """The job's first documents agreed: tiktoken's ids are taken alone."""
+        return self._agreed >= PARITY_DOCS or self._agreed_chars >= PARITY_CHARS
 
     def _hf_encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids = [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]

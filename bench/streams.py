@@ -1,0 +1,96 @@
+"""Consumer processes of the wire benchmark started together, and the CPU the servers spend
+meanwhile: bench/consume.py (tokenfeed's Client) and bench/transport.py's reader (the bare
+transport) print the same JSON figures, so either side's processes run the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.procs import ROOT, ServerProcess
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def pids_of(proc: ServerProcess) -> list[int]:
+    info = json.loads(proc.ready_file.read_text())
+    return [info["pid"], *info.get("workers", [])]
+
+
+def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple[dict, float]:
+    """Start the consumer processes, let them connect, start them at once; (their figures
+    added up, server CPU seconds over the measured span)."""
+    procs = [
+        subprocess.Popen(
+            [*argv, "--sync"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )
+        for argv in argvs
+    ]
+    try:
+        for p in procs:
+            line = p.stdout.readline().decode().strip()
+            if line != "ready":
+                raise RuntimeError(f"consumer did not connect: {line!r} (exit {p.wait(60)})")
+        cpu = cpu_seconds(pids)
+        for p in procs:
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+        out = []
+        for p in procs:
+            stdout, _ = p.communicate(timeout=900)
+            if p.returncode:
+                raise RuntimeError(f"consumer exited with {p.returncode}")
+            out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+        cpu = cpu_seconds(pids) - cpu
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    tokens = sum(r["tokens"] for r in out)
+    span = max(r["ended"] for r in out) - min(r["began"] for r in out)
+    mine = sum(r.get("cpu", 0.0) for r in out)  # the consumers' own CPU seconds
+    return {"tokens": tokens, "seconds": span, "rate": tokens / span, "cpu": mine}, cpu
+
+
+def consume_argv(
+    address: str, job: str, start: int, steps: int, rank: int, world: int, wrap: int = 0
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.consume",
+        *("--target", address, "--job", job, "--start", str(start), "--steps", str(steps)),
+        *("--rank", str(rank), "--world", str(world), "--wrap", str(wrap)),
+    ]
+
+
+def read_argv(address: str, messages: int, tokens: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.transport",
+        "read",
+        *("--target", address, "--messages", str(messages)),
+        *("--tokens-per-message", str(tokens)),
+    ]
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())

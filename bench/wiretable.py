@@ -1,0 +1,131 @@
+"""The wire benchmark's tables (bench/wire.py): one row per case, and the serving workers'
+aggregate against linear from one worker."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from bench.stats import median
+from bench.table import number, render
+
+if TYPE_CHECKING:
+    from bench.wire import WireResult
+
+LINEAR_TARGET = 0.7  # aggregate at 8 workers / (8 x at 1 worker), where cores allow
+
+
+def table(r: WireResult, load: str = "") -> str:
+    rows = []
+    for case in r.cases:
+        goal = case.target
+        ratio = case.ratio()
+        reads = (
+            "each row once" if case.reads == "once" else "warm re-read of epoch 0 (not training)"
+        )
+        who = (
+            f"{case.consumers} ranks of [{case.rows * case.consumers}, {case.seq_len}]"
+            if case.consumers > 1
+            else "1 consumer"
+        )
+        rows.append(
+            [
+                case.server,
+                str(case.workers),
+                f"[{case.rows}, {case.seq_len}]",
+                who,
+                reads,
+                number(case.message_bytes),
+                number(median(case.bare) / 1e6, 1),
+                number(median(case.tokenfeed) / 1e6, 1),
+                f"{ratio:.2f}",
+                "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
+                f"{median(case.cpu):.4f}",
+                f"{median(case.bare_cpu):.4f}",
+                f"{median(case.reader_cpu):.4f}",
+                f"{median(case.bare_reader_cpu):.4f}",
+            ]
+        )
+    c = r.corpus
+    spe = ", ".join(f"{j}: {s:,}" for j, s in r.steps_per_epoch.items())
+    title = (
+        "Serving as training reads it, against the bare transport (grpc.aio stream of the same "
+        "bytes, read with np.frombuffer)\n"
+        f"   corpus: {c.docs:,} documents of code ({c.short_docs:,} short, {c.long_docs:,} "
+        f"long), {c.text_bytes / 1e6:.1f} MB, about {r.tokens_per_epoch / 1e6:.1f} M tokens; "
+        f"chunk_bytes {r.chunk_bytes}; steps per epoch: {spe}\n"
+        f"   M tokens/s: medians of {len(r.cases[0].tokenfeed)} rounds (all consumers of a row "
+        "together); ratio: median of the rounds' tokenfeed/bare; cores here: "
+        f"{len(os.sched_getaffinity(0))}{'; load ' + load if load else ''}"
+    )
+    header = [
+        "server",
+        "workers",
+        "batch",
+        "consumers",
+        "reads",
+        "message B",
+        "bare M tok/s",
+        "tokenfeed M tok/s",
+        "ratio",
+        "target",
+        "server CPU s/M",
+        "bare server",
+        "consumers CPU s/M",
+        "bare readers",
+    ]
+    notes = (
+        "server CPU s/M: user + system seconds of the server's processes (supervisor and "
+        "workers) per million tokens streamed; bare server: the bare transport server's\n"
+        "consumers CPU s/M: the consumer processes' own CPU seconds per million tokens (the "
+        "Client's decoding, fingerprint check and int32 widening); bare readers: "
+        "np.frombuffer's\n"
+        "each row once: every round reads steps no process of that server read before, on "
+        "through epoch ends; the warm row re-reads epoch 0's steps after one pass"
+    )
+    return f"{render(title, header, rows)}\n{notes}{scaling(r)}"
+
+
+def scaling(r: WireResult) -> str:
+    """The ranks' aggregate by server.workers, against linear from one worker."""
+    out = []
+    for server in dict.fromkeys(c.server for c in r.cases):
+        ranks = {c.workers: c for c in r.cases if c.server == server and c.consumers > 1}
+        if len(ranks) < 2 or 1 not in ranks:
+            continue
+        one = median(ranks[1].tokenfeed)
+        rows = []
+        for n, case in sorted(ranks.items()):
+            linear = median(case.tokenfeed) / (n * one)
+            goal = ""
+            if n == 8:
+                ok = "met" if linear >= LINEAR_TARGET else "missed"
+                goal = f">= {LINEAR_TARGET:.2f} ({ok})"
+            rows.append(
+                [
+                    str(n),
+                    number(median(case.tokenfeed) / 1e6, 1),
+                    number(median(case.bare) / 1e6, 1),
+                    f"{case.ratio():.2f}",
+                    f"{median(case.tokenfeed) / one:.2f}",
+                    f"{linear:.2f}",
+                    goal,
+                ]
+            )
+        out.append(
+            render(
+                f"server.workers ({server}): {r.ranks} consumer processes, ranks of one job, "
+                f"each row once; cores here: {len(os.sched_getaffinity(0))}",
+                [
+                    "workers",
+                    "tokenfeed M tok/s",
+                    "bare M tok/s",
+                    "ratio",
+                    "vs 1 worker",
+                    "of linear",
+                    "target",
+                ],
+                rows,
+            )
+        )
+    return "".join(f"\n\n{t}" for t in out)

@@ -1,0 +1,150 @@
+"""An epoch's row buffer of a chunk is laid out once for every stream and rank of a process
+that reads it: threads that need a buffer being laid out wait for it instead of laying it out
+again; a plan's missing buffers are laid out from the last position to the first, so each tail
+is cut from the buffer laid out just before it. And a StreamBatches stream lays out the row
+buffers of its next block of steps while it sends the current one, with the same bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from support import built_job, job_spec
+from tokenfeed.server.pack import packing
+
+
+def _job(cache, corpus):
+    return built_job(cache, job_spec([corpus / "*"], seq_len=48, seed=9, global_batch_size=16))
+
+
+def _counting(monkeypatch) -> list[int]:
+    """Calls of packing.row_buffer (one per buffer laid out), slowed so threads overlap."""
+    made: list[int] = []
+    real = packing.row_buffer
+
+    def slow(*args, **kwargs):
+        made.append(1)
+        threading.Event().wait(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "row_buffer", slow)
+    return made
+
+
+def test_threads_that_need_the_same_buffer_lay_it_out_once(tmp_path, corpus, monkeypatch):
+    job = _job(tmp_path / "cache", corpus)
+    plan = job.plan(job.steps_per_epoch + 1, 0, 1)  # epoch 1: nothing laid out yet
+    keys = sorted(plan.buffers)
+    made = _counting(monkeypatch)
+    got: dict[int, list] = {}
+
+    def ranks(i: int) -> None:
+        got[i] = [job.rows.row_buffer(*k) for k in keys]
+
+    threads = [threading.Thread(target=ranks, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == len(keys)  # once each, not once per thread that missed it
+    for i in range(1, 6):  # every thread got the one buffer laid out
+        assert all(a is b for a, b in zip(got[0], got[i], strict=True))
+
+
+def test_a_plans_buffers_are_laid_out_once_with_tails_cut_from_the_next(
+    tmp_path, corpus, monkeypatch
+):
+    job = _job(tmp_path / "cache", corpus)
+    reference = _job(tmp_path / "ref", corpus)
+    spe = job.steps_per_epoch
+    steps = list(range(spe + 1, spe + 9))
+    plan = job.plan_steps(steps, 0, 1)
+    made = _counting(monkeypatch)
+    verified: list[tuple[int, int]] = []
+    real_verified = job.rows._verified
+
+    def counted(d, c):
+        verified.append((d, c))
+        return real_verified(d, c)
+
+    monkeypatch.setattr(job.rows, "_verified", counted)
+
+    async def open_twice():
+        with ThreadPoolExecutor(4) as pool:
+            await asyncio.gather(job.open_chunks(plan, pool), job.open_chunks(plan, pool))
+
+    asyncio.run(open_twice())
+    assert len(made) == len(plan.buffers)
+    # Laid out from the last position to the first: a buffer whose next position is in the
+    # plan cuts its tail from that buffer, so only the chunks of the plan are checked (once
+    # each) plus the tails' chunks past the plan's last buffer.
+    in_plan = {(d, c) for d, _, c, _ in plan.buffers}
+    assert {v for v in verified if v in in_plan} == in_plan
+    assert len([v for v in verified if v in in_plan]) == len(in_plan)
+    got = job.assemble_steps(plan, len(steps))
+    for step, (epoch, compact) in zip(steps, got, strict=True):  # the bytes of each alone
+        alone = reference.plan(step, 0, 1)
+
+        async def one(p=alone):
+            with ThreadPoolExecutor(2) as pool:
+                await reference.open_chunks(p, pool)
+            return reference.assemble(p)
+
+        e, c = asyncio.run(one())
+        assert e == epoch
+        assert np.array_equal(c.tokens, compact.tokens)
+        assert np.array_equal(c.starts, compact.starts)
+
+
+class _Context:
+    """What the stream loop asks of a gRPC context: no deadline."""
+
+    def time_remaining(self):
+        return None
+
+
+def test_a_stream_lays_out_its_next_blocks_buffers_while_it_sends(tmp_path, corpus):
+    # Chunks of a few rows, one per window: the next block's rows start in other chunks.
+    from tokenfeed.client import wire
+    from tokenfeed.server.serve.service import TokenFeedServicer, plan_group
+    from tokenfeed.v1 import tokenfeed_pb2 as pb
+
+    spec = job_spec([corpus / "*"], seq_len=48, seed=9, global_batch_size=16, chunk_bytes="4KiB")
+    spec["window_chunks"] = 1
+    job, reference = built_job(tmp_path / "cache", spec), built_job(tmp_path / "ref", spec)
+    rows = job.spec.phases[0].global_batch_size
+    block = plan_group(rows)
+    start = job.steps_per_epoch + 1
+    following = job.plan_steps(list(range(start + block, start + 2 * block)), 0, 1)
+    current = job.plan_steps(list(range(start, start + block)), 0, 1)
+    fresh = {k[:3] for k in following.buffers} - {k[:3] for k in current.buffers}
+    assert fresh  # the next block starts rows in chunks the first does not
+
+    async def stream():
+        with ThreadPoolExecutor(2) as pool:
+            servicer = TokenFeedServicer({job.name: job}, 5.0, pool, stream_ahead=2)
+            batches = servicer._ahead(job, start, start + 2 * block, 0, 1, _Context())
+            first = await anext(batches)
+            # The reader has taken one batch: the producer waits on the full queue, far from
+            # the next block, whose row buffers are laid out meanwhile all the same.
+            for _ in range(200):
+                if all(job.rows.buffers.contains(k) for k in fresh):
+                    break
+                await asyncio.sleep(0.05)
+            laid_out = [job.rows.buffers.contains(k) for k in fresh]
+            rest = [b async for b in batches]
+            return first, laid_out, rest
+
+    first, laid_out, rest = asyncio.run(stream())
+    assert all(laid_out)
+    got = [first, *rest]
+    assert len(got) == 2 * block
+    for step, message in zip(range(start, start + 2 * block), got, strict=True):
+        msg = pb.Batch.FromString(message)
+        assert msg.step == step
+        compact = wire.decode(msg)  # its fingerprint checked
+        want = reference.batch(step, 0, 1)[1]
+        for name in ("input_ids", "position_ids"):
+            assert np.array_equal(wire.expand(compact, name), want[name])
