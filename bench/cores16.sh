@@ -11,7 +11,8 @@
 #     OUT=/some/dir bash bench/cores16.sh
 #
 # WORKERS (1,2,4,8,16), RANKS (16), TOKENS (64000000 a measured stream) and MB (31) change the
-# sizes, e.g. to try the script on a small machine first.
+# sizes, e.g. to try the script on a small machine first; SERVE_S (300) and BUILD_S (150) its
+# steps' time limits; PY skips `make env` (see below).
 # Writes to $OUT: machine.txt (cores, CPU, load before and after, Python), serving.txt,
 # tokenization.txt, and each step's log (make-env.log, *.err). A step that runs out of its time
 # is stopped and its file says so; the others still run.
@@ -43,14 +44,19 @@ step() { # name, seconds, command...: the command's stdout into $OUT/name.txt
     fi
 }
 
-step make-env 240 make env
-PY=.venv/bin/python
+# PY names a Python that already has the project's packages on its path (a machine without
+# a package registry: wheels carried and PYTHONPATH set); otherwise `make env` makes .venv.
+if [ -z "${PY:-}" ]; then
+    step make-env 240 make env
+    PY=.venv/bin/python
+fi
+echo "python used: $("$PY" --version 2>&1)" >>"$OUT/machine.txt"
 
 # 64 M tokens a measured stream: 16 consumers read 4 M tokens each (about 240 steps).
-step serving 300 "$PY" -m bench.wire --quick --workers "${WORKERS:-1,2,4,8,16}" \
+step serving "${SERVE_S:-300}" "$PY" -m bench.wire --quick --workers "${WORKERS:-1,2,4,8,16}" \
     --ranks "${RANKS:-16}" --tokens "${TOKENS:-64000000}"
 # The 31 MB corpus, 2 rounds, no Ray cluster.
-step tokenization 150 "$PY" -m bench.tokenization --quick --no-ray --mb "${MB:-31}" --rounds 2
+step tokenization "${BUILD_S:-150}" "$PY" -m bench.tokenization --quick --no-ray --mb "${MB:-31}" --rounds 2
 
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
 echo "total: $(($(date +%s) - began))s" >>"$OUT/machine.txt"

@@ -259,6 +259,15 @@ def measure_server(
                 for case in cases if r % 2 == 0 else cases[::-1]:
                     run_round(case, server, bares, pids, sizes, fresh, result, env, r)
             result.cases += cases
+            for case in cases:  # as it goes, on stderr: a run stopped early keeps these
+                print(
+                    f"{label} workers={n} consumers={case.consumers} "
+                    f"[{case.rows}, {case.seq_len}] {case.reads}: tokenfeed "
+                    f"{median(case.tokenfeed) / 1e6:.1f} M/s, bare {median(case.bare) / 1e6:.1f} "
+                    f"M/s, ratio {case.ratio():.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             server.stop(15)
             for b in bares.values():

@@ -41,7 +41,7 @@ def test_threads_that_need_the_same_buffer_lay_it_out_once(tmp_path, corpus, mon
     got: dict[int, list] = {}
 
     def ranks(i: int) -> None:
-        got[i] = [job.rows.row_buffer(*k) for k in keys]
+        got[i] = [job.assembler.row_buffer(*k) for k in keys]
 
     threads = [threading.Thread(target=ranks, args=(i,)) for i in range(6)]
     for t in threads:
@@ -63,13 +63,13 @@ def test_a_plans_buffers_are_laid_out_once_with_tails_cut_from_the_next(
     plan = job.plan_steps(steps, 0, 1)
     made = _counting(monkeypatch)
     verified: list[tuple[int, int]] = []
-    real_verified = job.rows._verified
+    real_verified = job.assembler._verified
 
     def counted(d, c):
         verified.append((d, c))
         return real_verified(d, c)
 
-    monkeypatch.setattr(job.rows, "_verified", counted)
+    monkeypatch.setattr(job.assembler, "_verified", counted)
 
     async def open_twice():
         with ThreadPoolExecutor(4) as pool:
@@ -130,10 +130,10 @@ def test_a_stream_lays_out_its_next_blocks_buffers_while_it_sends(tmp_path, corp
             # The reader has taken one batch: the producer waits on the full queue, far from
             # the next block, whose row buffers are laid out meanwhile all the same.
             for _ in range(200):
-                if all(job.rows.buffers.contains(k) for k in fresh):
+                if all(job.assembler.buffers.contains(k) for k in fresh):
                     break
                 await asyncio.sleep(0.05)
-            laid_out = [job.rows.buffers.contains(k) for k in fresh]
+            laid_out = [job.assembler.buffers.contains(k) for k in fresh]
             rest = [b async for b in batches]
             return first, laid_out, rest
 
