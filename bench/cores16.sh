@@ -24,7 +24,7 @@ began=$(date +%s)
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     echo "cores (affinity): $(nproc)"
     grep -m1 "model name" /proc/cpuinfo || true
     echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
