@@ -15,6 +15,7 @@ import grpc
 import pytest
 from support import ServerProcess, job_spec, metric, scrape, write_config
 from tokenfeed.client import Client
+from tokenfeed.server.pack import sharedrows
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -112,10 +113,18 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
         with clients[0].__class__(proc.address, job="main") as c:
             docs = int(c.describe()["num_documents"])
         assert metric(samples, "tokenfeed_tokenized_documents_total", tokenfeed_job="main") == docs
+        # Row buffers are laid out once for both workers: each file by one of them, the other
+        # maps it (pack/sharedrows.py); none laid out twice.
+        rows = sharedrows.node_dir(tmp_path / "cache")
+        files = [p for p in rows.rglob("*") if p.is_file()]
+        laid_out = metric(samples, "tokenfeed_row_buffers_total", outcome="laid_out")
+        assert laid_out == len(files) > 0
+        assert metric(samples, "tokenfeed_row_buffers_total", outcome="unshared") == 0
     finally:
         assert proc.stop() == 0, proc.log()
     log = proc.log()
     assert log.count("worker 0 stopped") == 1 and log.count("worker 1 stopped") == 1
+    assert not rows.exists()  # removed with the server
 
 
 def test_a_killed_worker_is_replaced_and_the_client_carries_on(tmp_path, corpus, single):

@@ -38,6 +38,7 @@ from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
 from tokenfeed.server.pack.assembly import Assembler
+from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.mixture import Schedule
 from tokenfeed.server.sampling.planner import MAX_STEP, Planner, RowPlan
@@ -73,6 +74,7 @@ class Job:
         supervisor: Upstream | None = None,
         stream_cache_bytes: int = 512 * 2**20,
         keeper: PlanKeeper | None = None,
+        rows: SharedRows | None = None,
     ):
         self.spec, self.name, self.store = spec, spec.name, store
         self.storage, self.shared = storage, shared
@@ -96,6 +98,8 @@ class Job:
             stream_cache_bytes,
             self.planner.chunk_tail,
             self.planner.carry_block,
+            rows,
+            self._layout_identity,
         )
         self._ready = asyncio.Event()
         self._fingerprint = ""
@@ -270,6 +274,15 @@ class Job:
         chain = self.plans.chain(base, [i.fingerprint for i in self.indexes])
         self._chain = (plan, chain)
         return chain
+
+    def _layout_identity(self) -> str:
+        """What decides the bytes of the job's row buffers (shared by the serving processes of
+        a node, pack/sharedrows.py): the plan's fingerprint at its version, once the job is
+        ready; empty (nothing shared) until then."""
+        if self.state != READY:
+            return ""
+        chain = self.chain()
+        return chain[-1][1] if chain else ""
 
     def plan_of(self, step: int) -> tuple[int, str]:
         """(start step of the phase in force at `step`, the plan's fingerprint up to it)."""

@@ -28,6 +28,7 @@ from tokenfeed.server.jobs.future import FutureUse
 from tokenfeed.server.jobs.job import Job, JobState, Upstream
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.storage import ObjectStorage
+from tokenfeed.server.pack.sharedrows import SharedRows, node_dir
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.store.blobs import CacheBlobs, LocalBlobs, S3Blobs
 from tokenfeed.server.store.sharedstore import SharedStore
@@ -106,7 +107,10 @@ def open_worker(config: Config, upstream: Upstream) -> Stack:
     only: no block cache here."""
     store = TokenStoreView(config.server.cache_dir)
     storage = ObjectStorage(config.object_store)
-    jobs = _jobs(config, store, storage, None, upstream, plan_keepers(config, storage, None))
+    # Row buffers laid out once for every worker of the node (pack/sharedrows.py).
+    rows = SharedRows(node_dir(config.server.cache_dir), config.server.stream_cache_bytes)
+    keepers = plan_keepers(config, storage, None)
+    jobs = _jobs(config, store, storage, None, upstream, keepers, rows)
     return Stack(config, storage, store, None, jobs)
 
 
@@ -117,6 +121,7 @@ def _jobs(
     shared: SharedStore | None,
     upstream: Upstream | None,
     keepers: dict[str, PlanKeeper],
+    rows: SharedRows | None = None,
 ) -> dict[str, Job]:
     """A serving process's jobs: each with its plan log's keeper."""
     return {
@@ -128,6 +133,7 @@ def _jobs(
             upstream,
             config.server.stream_cache_bytes,
             keepers[spec.name],
+            rows,
         )
         for spec in config.jobs
     }

@@ -25,6 +25,7 @@ from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
 from tokenfeed.server.pack import bestfit, packing
+from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.planner import RowPlan
 
@@ -77,8 +78,13 @@ class Assembler:
         stream_cache_bytes: int,
         tail: Callable[[int, int, int, int], order.Pieces],
         carry: Callable[[int, int, int], tuple[order.Pieces, list[int]]],
+        shared: SharedRows | None = None,
+        identity: Callable[[], str] = str,
     ):
         self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
+        # In a serving worker: row buffers laid out once for every process of the node, named
+        # by `identity` (what decides their bytes; empty: not shared yet), sharedrows.py.
+        self.shared, self._identity = shared, identity
         # (dataset, epoch, position, segment) -> what a row buffer holds past its chunk
         self._tail = tail
         # (dataset, segment, block) -> the pieces of a segment's carry block, and its joins
@@ -286,7 +292,17 @@ class Assembler:
         self, key: tuple[Any, int, int], make: Callable[[], packing.RowBuffer]
     ) -> packing.RowBuffer:
         """The row buffer `key`, made by `make` in this thread unless another thread is making
-        it (then this one waits for it, and makes it itself if that one failed)."""
+        it (then this one waits for it, and makes it itself if that one failed); in a serving
+        worker, mapped from another process's layout where there is one."""
+        shared = self.shared
+        if shared is not None and (identity := self._identity()):
+            dkey, epoch, c = key
+            name = f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
+            laid_out = make
+
+            def make() -> packing.RowBuffer:
+                return shared.get_or_make(name, laid_out, self.wire_dtype)
+
         while True:
             found = self.buffers.get(key)
             if found is not None:

@@ -36,6 +36,7 @@ from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
+from tokenfeed.server.pack import sharedrows
 from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
@@ -54,6 +55,7 @@ WORKER_METRICS = (
     metrics.REQUEST_SECONDS,
     metrics.SERVED_TOKENS,
     metrics.SERVED_BYTES,
+    metrics.ROW_BUFFERS,
     metrics.TRAINER_WAIT,
     metrics.TRAINER_SECONDS,
     metrics.WAIT_REPORTS,
@@ -247,6 +249,8 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         if config.server.metrics_listen
         else None
     )
+    rows = sharedrows.node_dir(config.server.cache_dir)  # the workers' shared row buffers
+    sharedrows.remove(rows)  # an earlier run's
     pool = WorkerPool(config, listen, health_listen, control, counted)
     for i in range(config.server.workers):
         pool.start(i)
@@ -278,6 +282,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         for task in tasks:
             task.cancel()
         await pool.stop()
+        sharedrows.remove(rows)
         for job in jobs.values():
             job.cancel()
         tokenize.shutdown(wait=True, cancel_futures=True)

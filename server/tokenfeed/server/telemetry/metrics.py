@@ -53,6 +53,14 @@ SERVED_TOKENS = Counter(
     ["tokenfeed_job"],
     registry=REGISTRY,
 )
+ROW_BUFFERS = Counter(
+    "tokenfeed_row_buffers_total",
+    "Row buffers the serving workers of a node share (server.workers > 1): laid_out (by this "
+    "worker, and written for the others), mapped (another worker's file), unshared (laid out "
+    "here without writing: the other's layout was too slow, or the file could not be written).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 SERVED_BYTES = Counter(
     "tokenfeed_served_bytes_total",
     "Compact batch bytes sent to trainers (token array and document boundaries).",

@@ -1,0 +1,123 @@
+"""Row buffers shared by a node's serving processes through files (pack/sharedrows.py): laid
+out once whoever asks, the same bytes mapped back; a damaged file is laid out again; a dead
+writer's lock is taken over; the directory stays under its budget."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+from tokenfeed.server.pack import sharedrows
+from tokenfeed.server.pack.packing import RowBuffer
+from tokenfeed.server.pack.sharedrows import SharedRows
+
+I32 = np.dtype(np.int32)
+
+
+def buffer(n: int, seed: int = 0) -> RowBuffer:
+    rng = np.random.default_rng(seed)
+    return RowBuffer(
+        rng.integers(0, 50_000, n).astype(np.int32), np.sort(rng.choice(n, n // 7, replace=False))
+    )
+
+
+def equal(a: RowBuffer, b: RowBuffer) -> bool:
+    return np.array_equal(a.ids, b.ids) and np.array_equal(a.starts, b.starts)
+
+
+def test_one_process_lays_out_the_others_map_the_same_bytes(tmp_path):
+    want = buffer(10_000)
+    calls = []
+
+    def make() -> RowBuffer:
+        calls.append(1)
+        return want
+
+    first, second = SharedRows(tmp_path, 1 << 30), SharedRows(tmp_path, 1 << 30)  # two processes
+    a = first.get_or_make("fp/0-0-1-7", make, I32)
+    b = second.get_or_make("fp/0-0-1-7", make, I32)
+    assert len(calls) == 1 and equal(a, want) and equal(b, want)
+    assert (first.made, second.made, second.mapped) == (1, 0, 1)
+    assert b.ids.dtype == I32 and not b.ids.flags.writeable  # a read-only mapping
+    # Another name is another buffer.
+    other = second.get_or_make("fp/0-0-2-7", lambda: buffer(99, 1), I32)
+    assert equal(other, buffer(99, 1)) and second.made == 1
+
+
+def test_a_damaged_file_is_laid_out_again(tmp_path):
+    rows = SharedRows(tmp_path, 1 << 30)
+    rows.get_or_make("x/b", lambda: buffer(5000), I32)
+    path = tmp_path / "x" / "b"
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0xFF  # one flipped byte of the payload
+    path.write_bytes(bytes(raw))
+    calls = []
+
+    def make() -> RowBuffer:
+        calls.append(1)
+        return buffer(5000)
+
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32)
+    assert calls == [1] and equal(got, buffer(5000))
+    again = SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32)  # rewritten, good
+    assert calls == [1] and equal(again, buffer(5000))
+    path.write_bytes(b"short")
+    assert equal(SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32), buffer(5000))
+    assert calls == [1, 1]
+
+
+def test_a_process_waits_for_the_one_laying_out(tmp_path):
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow() -> RowBuffer:
+        calls.append("slow")
+        started.set()
+        release.wait(10)
+        return buffer(3000)
+
+    out = {}
+    t = threading.Thread(
+        target=lambda: out.setdefault(
+            "a", SharedRows(tmp_path, 1 << 30).get_or_make("j/k", slow, I32)
+        )
+    )
+    t.start()
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    b = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda: calls.append("fast"), I32)
+    t.join(10)
+    assert calls == ["slow"] and equal(b, buffer(3000)) and equal(out["a"], buffer(3000))
+
+
+def test_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch):
+    (tmp_path / "j").mkdir()
+    lock = tmp_path / "j" / "k.lock"
+    lock.write_bytes(b"")
+    old = time.time() - sharedrows.STALE_SECONDS - 5
+    os.utime(lock, (old, old))
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda: buffer(100), I32)
+    assert equal(got, buffer(100)) and (tmp_path / "j" / "k").exists() and not lock.exists()
+    # A live lock whose writer is too slow: laid out here, nothing written.
+    lock.write_bytes(b"")
+    monkeypatch.setattr(sharedrows, "WAIT_SECONDS", 0.05)
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/other", lambda: buffer(7), I32)
+    assert equal(got, buffer(7))
+    (tmp_path / "j" / "other.lock").write_bytes(b"")
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/third", lambda: buffer(8), I32)
+    assert equal(got, buffer(8))
+
+
+def test_the_directory_stays_under_its_budget(tmp_path):
+    n = 20
+    size = 4000 * 4 + (4000 // 7) * 8 + sharedrows.HEADER.size
+    rows = SharedRows(tmp_path, budget=5 * size)
+    for i in range(n):
+        rows.get_or_make(f"fp/{i}", lambda i=i: buffer(4000, i), I32)
+        os.utime(tmp_path / "fp" / str(i), (1000 + i, 1000 + i))  # distinct ages
+        on_disk = sum(p.stat().st_size for p in (tmp_path / "fp").iterdir())
+        assert on_disk <= 5 * size + size  # at most one write past the budget between sweeps
+    kept = sorted(int(p.name) for p in (tmp_path / "fp").iterdir())
+    assert kept[-1] == n - 1 and kept == list(range(kept[0], n))  # the oldest went first
