@@ -14,14 +14,20 @@ from bench.procs import ROOT, ServerProcess
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
+    return sum(cpu_each(pids))
+
+
+def cpu_each(pids: list[int]) -> list[float]:
+    """Each process's user + system CPU seconds (0 for one that is gone)."""
+    out = []
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
+            out.append(0.0)
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
 
 
 def pids_of(proc: ServerProcess) -> list[int]:
@@ -47,7 +53,7 @@ def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple
             line = p.stdout.readline().decode().strip()
             if line != "ready":
                 raise RuntimeError(f"consumer did not connect: {line!r} (exit {p.wait(60)})")
-        cpu = cpu_seconds(pids)
+        each = cpu_each(pids)
         for p in procs:
             p.stdin.write(b"go\n")
             p.stdin.flush()
@@ -57,7 +63,12 @@ def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple
             if p.returncode:
                 raise RuntimeError(f"consumer exited with {p.returncode}")
             out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
-        cpu = cpu_seconds(pids) - cpu
+        spent = [a - b for a, b in zip(cpu_each(pids), each, strict=True)]
+        cpu = sum(spent)
+        if len(pids) > 1:  # where a server's CPU went: its supervisor, then each worker
+            print(
+                f"server CPU s by process: {' '.join(f'{x:.2f}' for x in spent)}", file=sys.stderr
+            )
     finally:
         for p in procs:
             if p.poll() is None:

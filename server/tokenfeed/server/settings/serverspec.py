@@ -221,7 +221,9 @@ class ServerSpec:
             "out in its epoch's order with its tail (at most `seq_len` tokens its last row reads "
             "past the chunk's end), so a row is one slice copy; give it a window of token chunks "
             "and one more chunk (`window_chunks + 1` × token bytes per chunk, "
-            "[sizing](deployment.md#sizing)); a smaller value only costs speed",
+            "[sizing](deployment.md#sizing)); a smaller value only costs speed. With `workers` "
+            "> 1 the workers share the buffers through files in `/dev/shm`, at most this much "
+            "([workers](deployment.md#every-core-serving-workers))",
         ),
     )
 
