@@ -529,6 +529,15 @@ def panels() -> list[dict]:
         ],
         "short",
     )
+    p.panel(
+        ts,
+        "Row buffers shared by the workers / s",
+        "With server.workers > 1: row buffers laid out (and written for the other workers), "
+        "mapped from another worker's file, or unshared (laid out without sharing: /dev/shm "
+        "full or not writable, or a layout slower than 10 s).",
+        [(f"sum by (outcome) ({rate('tokenfeed_row_buffers_total')})", "{{outcome}}")],
+        "ops",
+    )
     return p.panels
 
 
