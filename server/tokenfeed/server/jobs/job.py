@@ -10,7 +10,6 @@ functions from the stored tokens.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from concurrent.futures import Executor
 from typing import Protocol
@@ -32,7 +31,7 @@ from tokenfeed.server.errors import (
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
 from tokenfeed.server.indexing.owner import ChunkOwner
-from tokenfeed.server.jobs.fingerprints import fixed_parts
+from tokenfeed.server.jobs.fingerprints import fixed_parts, job_fingerprint
 from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
@@ -43,7 +42,6 @@ from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.mixture import Schedule
 from tokenfeed.server.sampling.planner import MAX_STEP, Planner, RowPlan
 from tokenfeed.server.settings.config import DatasetSpec, JobSpec
-from tokenfeed.server.source.chunks import CHUNK_FORMAT_VERSION
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenStore
 from tokenfeed.server.telemetry import metrics
@@ -232,31 +230,11 @@ class Job:
             return self._fingerprint
         t, first = self.tokenizer, self.plans.first
         indexes = self.indexes[: len(first.datasets)]
-        fingerprint = ""
-        if t is not None and all(i.fingerprint for i in indexes):
-            s = self.spec
-            parts = [
-                f"format={CHUNK_FORMAT_VERSION}",
-                f"packing_version={packing.PACKING_VERSION}",
-                f"seq_len={s.seq_len}",
-                f"seed={s.seed}",
-                f"packing={s.packing}",
-                f"window={s.window_chunks}",
-                f"eos={t.eos_id}",
-                f"bos={t.bos_id}",
-                f"add_bos={t.add_bos}",
-            ]
-            parts += [
-                f"phase={p.start_step}|{p.global_batch_size}|"
-                + ",".join(map(str, p.weights))
-                + (f"|seq_len={p.seq_len}" if p.seq_len != s.seq_len else "")
-                for p in first.phases
-            ]
-            parts += [f"dataset={i.fingerprint}" for i in indexes]
-            digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=16)
-            fingerprint = digest.hexdigest()
-            if self.plans.is_open:
-                self._fingerprint = fingerprint
+        if t is None or not all(i.fingerprint for i in indexes):
+            return ""
+        fingerprint = job_fingerprint(self.spec, t, first, [i.fingerprint for i in indexes])
+        if self.plans.is_open:
+            self._fingerprint = fingerprint
         return fingerprint
 
     def chain(self) -> list[tuple[int, str]]:

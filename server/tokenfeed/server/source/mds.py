@@ -43,18 +43,6 @@ from tokenfeed.server.source.records import BadRecord
 TEXT_ENCODINGS = ("str", "bytes", "json")
 # Compressions the server decodes with what it already has; MDS also writes br and snappy.
 COMPRESSIONS = ("zstd", "gz", "bz2")
-# ndarray value dtype codes (streaming's NDArray encoding), the integer ones only.
-_NDARRAY_DTYPES = {
-    8: "u1",
-    9: "i1",
-    16: "<u2",
-    17: "<i2",
-    32: "<u4",
-    33: "<i4",
-    64: "<u8",
-    65: "<i8",
-}
-_SHAPE_BYTES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
