@@ -4,19 +4,29 @@
     from tokenfeed.client.integrations.olmo_core import TokenFeedDataLoader
 
     data_loader = TokenFeedDataLoader(
-        Client(TARGET, job=JOB), work_dir=work_dir, global_batch_size=rows,
+        Client(TARGET, job=JOB), work_dir=work_dir, global_batch_size=rows * seq_len,
         dp_rank=get_rank(dp_process_group), dp_world_size=get_world_size(dp_process_group),
     )
     trainer = trainer_config.build(train_module, data_loader)
 
-Each batch is this rank's rows of a step: `input_ids`, `labels` (aligned to the inputs, -100
-where not trained on, as OLMo-core's `get_labels` takes them) and `position_ids`. The stream is
-the server's order; OLMo-core's epochs are bookkeeping here (`total_batches` is None: train by
-steps). The state is the global FeedState plus OLMo's `batches_processed`; loading it resumes
-at its step at any data-parallel size, warmed.
+`global_batch_size` is in tokens, OLMo-core's unit for text (its Trainer's `tokens_per_batch`,
+and what `TransformerTrainModule` divides by `rank_microbatch_size`): the job's rows per step
+times its `seq_len`. A batch that does not hold this rank's share of it is an error naming
+both, not a silent miscount of tokens.
 
-Not tested against OLMo-core itself: ai2-olmo-core 3.0.0 does not install next to this
-project's pins (filelock<4, and huggingface-hub<2 through cached-path; see docs/client.md).
+Each batch is this rank's rows of a step: `input_ids` and `labels` (int64, aligned to the
+inputs, -100 where not trained on). With labels given, OLMo-core's train modules take them as
+they are instead of shifting `input_ids` (`get_labels`), so the last position of each row is
+trained on too. Other keys of a batch are passed by `TransformerTrainModule` to the model as
+keyword arguments, and OLMo-core's Transformer takes document boundaries only as `doc_lens`
+(with a flash-attention backend), so positions are not sent.
+
+The stream is the server's order and never ends: OLMo-core's epochs are bookkeeping here
+(`total_batches` is None, so train by steps or tokens; `reshuffle` only sets the epoch). The
+Trainer saves `state_dict` in every checkpoint (`train/rank<r>.pt`; a rank that has none
+reads rank 0's): the global FeedState plus OLMo's `batches_processed` and `epoch`.
+`load_state_dict` resumes at the state's step at any data-parallel size, and warms that step
+while the Trainer restores the model and optimizer.
 """
 
 from __future__ import annotations
@@ -53,43 +63,73 @@ def _loader_class() -> type:
             global_batch_size: int,
             dp_rank: int = 0,
             dp_world_size: int = 1,
+            fs_local_rank: int | None = None,
             job: str | None = None,
         ):
+            if not isinstance(global_batch_size, int) or global_batch_size <= 0:
+                raise ValueError(
+                    f"global_batch_size is in tokens (rows x seq_len), got {global_batch_size!r}"
+                )
+            if global_batch_size % dp_world_size:
+                raise ValueError(
+                    f"global_batch_size {global_batch_size} tokens does not split into "
+                    f"{dp_world_size} data-parallel ranks"
+                )
+            # The feed first: it checks the rank, which OLMo-core only asserts.
+            self.feed = RankFeed(client, dp_rank, dp_world_size, job=job)
             super().__init__(
                 work_dir=work_dir,
                 global_batch_size=global_batch_size,
                 dp_world_size=dp_world_size,
                 dp_rank=dp_rank,
+                fs_local_rank=fs_local_rank,
             )
-            self.feed = RankFeed(client, dp_rank, dp_world_size, job=job)
 
         @property
         def total_batches(self) -> int | None:
-            return None
+            return None  # the server's stream has no end
 
         def state_dict(self) -> dict[str, Any]:
-            return {**self.feed.state_dict(), "batches_processed": self.batches_processed}
+            return {
+                **self.feed.state_dict(),
+                "batches_processed": self.batches_processed,
+                "epoch": self._epoch,
+            }
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            self.batches_processed = int(state_dict.get("batches_processed", 0))
             self.feed.restore(state_dict)
+            self.batches_processed = int(state_dict.get("batches_processed", 0))
+            self._epoch = state_dict.get("epoch") or self._epoch
 
         def reshuffle(self, epoch: int | None = None, **kwargs: Any) -> None:
-            self._epoch = epoch if epoch is not None else 1  # the order is the server's
+            # The Trainer calls this before each epoch, after a restore too: the order is the
+            # server's, so only OLMo-core's epoch number changes.
+            if epoch is None:
+                epoch = 1 if self._epoch is None else self._epoch + 1
+            if epoch <= 0:
+                raise ValueError(f"epoch must be at least 1, got {epoch}")
+            self._epoch = epoch
 
         def _iter_batches(self) -> Iterable[dict[str, Any]]:
             for batch in self.feed.batches():
                 t = torch_batch(batch)
-                yield {k: t[k] for k in ("input_ids", "labels", "position_ids")}
+                ids = t["input_ids"]
+                if ids.numel() != self.rank_batch_size:
+                    raise ValueError(
+                        f"step {batch.step}: rank {self.dp_rank} of {self.dp_world_size} got "
+                        f"{tuple(ids.shape)} = {ids.numel()} tokens, where global_batch_size "
+                        f"{self.global_batch_size} gives {self.rank_batch_size}: pass the "
+                        "job's rows per step x seq_len"
+                    )
+                yield {"input_ids": ids, "labels": t["labels"]}
 
         def get_mock_batch(self) -> dict[str, Any]:
-            info = self.feed.client.describe(self.feed.job)
-            rows = self.global_batch_size // self.dp_world_size
-            shape = (rows, int(info["seq_len"]))
-            ids = torch.zeros(shape, dtype=torch.int64)
-            return {"input_ids": ids, "labels": ids.clone(), "position_ids": ids.clone()}
+            # The Trainer's dry run (a forward and backward pass before the first step).
+            seq_len = int(self.feed.client.describe(self.feed.job)["seq_len"])
+            ids = torch.zeros((max(self.rank_batch_size // seq_len, 1), seq_len), dtype=torch.int64)
+            return {"input_ids": ids, "labels": ids.clone()}
 
         def global_num_tokens_in_batch(self, batch: dict[str, Any]) -> int | None:
-            return int(batch["input_ids"].numel()) * self.dp_world_size
+            return self.global_batch_size  # every rank's share was checked to be whole
 
     return TokenFeedDataLoader
