@@ -64,8 +64,8 @@ def _python_block_under(doc: str, heading: str) -> str:
 def test_trainer_snippets_run_against_a_server(server, tmp_path):
     """docs/client.md's snippet of each trainer, as written, against a real server."""
     import lightning.pytorch as pl
-    import pytest
     import torch
+    from tokenfeed.client import Client
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -101,7 +101,12 @@ def test_trainer_snippets_run_against_a_server(server, tmp_path):
     assert megatron["micro"]["attention_mask"] is None
     assert run("### Hugging Face")["trainer"].state.global_step == 2
     assert run("### Lightning")["trainer"].global_step == 2
-    with pytest.raises(ModuleNotFoundError, match="olmo_core"):  # not installable (the docs)
-        run("### OLMo-core")
+    olmo = run("### OLMo-core")
+    assert olmo["batch"]["input_ids"].shape == (8, 64) and olmo["saved"]["next_step"] == 1
+    with Client(server.address, job="main") as feed:
+        step0 = feed.get_batch(0, 0, 1)
+    assert np.array_equal(olmo["batch"]["input_ids"].numpy(), step0["input_ids"])
+    assert np.array_equal(olmo["batch"]["labels"].numpy(), step0["labels"])
+    assert (olmo["resumed"].feed.next_step, olmo["resumed"].rank_batch_size) == (1, 4 * 64)
     grain = run("### Grain")
     assert grain["local"]["input_ids"].shape == (8, 64) and grain["data"].feed.next_step == 1
