@@ -55,6 +55,8 @@ def _loader_class() -> type:
     from olmo_core.data.data_loader import DataLoaderBase
 
     class TokenFeedDataLoader(DataLoaderBase):
+        _epoch: int | None  # DataLoaderBase's (OLMo-core is not analysed by mypy)
+
         def __init__(
             self,
             client: Client,
