@@ -89,6 +89,7 @@ async def _serve(work: Path, ready_file: str) -> None:
     small, large = jobs["small"], jobs["large"]
     with ThreadPoolExecutor(2) as pool:
         await small.build_index(pool, 2, retry=False)
+        await large.plans.open(pool)  # built by hand below: its plan log is opened here
     real = small.index
     n_real = min(100, len(real.chunks))
     # The large index: epoch 0's first n_real positions hold the small job's chunks, in the
@@ -161,7 +162,8 @@ def small_documents(count: int) -> list[str]:
 
 async def _serve_chunks(work: Path, ready_file: str, count: int) -> None:
     """Jobs `many` (a chunk per document) and `few` (100 chunks) over the same documents."""
-    from tokenfeed.server.serve.app import build_jobs, write_ready
+    from tokenfeed.server.jobs.stack import build_jobs
+    from tokenfeed.server.serve.background import write_ready
     from tokenfeed.server.serve.front import Front
     from tokenfeed.server.settings import config as configmod
 
