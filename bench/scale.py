@@ -78,8 +78,6 @@ async def _serve(work: Path, ready_file: str) -> None:
     from tokenfeed.server.jobs.stack import build_jobs
     from tokenfeed.server.objstore.objects import ObjectInfo
     from tokenfeed.server.sampling.order import permute, round_keys
-    from tokenfeed.server.serve.background import write_ready
-    from tokenfeed.server.serve.front import Front
     from tokenfeed.server.settings import config as configmod
     from tokenfeed.server.source.chunks import Chunk
 
@@ -121,21 +119,21 @@ async def _serve(work: Path, ready_file: str) -> None:
     # read on into the next window: stop one window short).
     real_units = int(idx.units_per_chunk[order0[: (n_real // WINDOW - 1) * WINDOW]].sum())
     steps = real_units // SEQ_LEN // BATCH
-    io = ThreadPoolExecutor(2)
-    front = Front(config, jobs, io)
+    await _front_until_stopped(
+        config, jobs, ready_file, steps=steps, real_chunks=n_real, large_chunks=LARGE_CHUNKS
+    )
+
+
+async def _front_until_stopped(config, jobs: dict, ready_file: str, **ready: object) -> None:
+    """Serve `jobs` on a front until SIGTERM; the ready file says where, with `ready`."""
+    from tokenfeed.server.serve.background import write_ready
+    from tokenfeed.server.serve.front import Front
+
+    front = Front(config, jobs, ThreadPoolExecutor(2))
     await front.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    write_ready(
-        ready_file,
-        {
-            "address": front.address,
-            "pid": os.getpid(),
-            "steps": steps,
-            "real_chunks": n_real,
-            "large_chunks": LARGE_CHUNKS,
-        },
-    )
+    write_ready(ready_file, {"address": front.address, "pid": os.getpid(), **ready})
     await stop.wait()
     await front.drain()
 
@@ -163,8 +161,6 @@ def small_documents(count: int) -> list[str]:
 async def _serve_chunks(work: Path, ready_file: str, count: int) -> None:
     """Jobs `many` (a chunk per document) and `few` (100 chunks) over the same documents."""
     from tokenfeed.server.jobs.stack import build_jobs
-    from tokenfeed.server.serve.background import write_ready
-    from tokenfeed.server.serve.front import Front
     from tokenfeed.server.settings import config as configmod
 
     from bench import corpus as corpusmod
@@ -195,25 +191,16 @@ async def _serve_chunks(work: Path, ready_file: str, count: int) -> None:
         for job in jobs.values():
             await job.build_index(pool, 2, retry=False)
     built = time.perf_counter() - started
-    io = ThreadPoolExecutor(2)
-    front = Front(config, jobs, io)
-    await front.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    write_ready(
+    await _front_until_stopped(
+        config,
+        jobs,
         ready_file,
-        {
-            "address": front.address,
-            "pid": os.getpid(),
-            "chunks": {n: len(j.indexes[0].chunks) for n, j in jobs.items()},
-            "steps": min(j.steps_per_epoch for j in jobs.values()),
-            "docs": len(docs),
-            "bytes": source.stat().st_size,
-            "build_seconds": built,
-        },
+        chunks={n: len(j.indexes[0].chunks) for n, j in jobs.items()},
+        steps=min(j.steps_per_epoch for j in jobs.values()),
+        docs=len(docs),
+        bytes=source.stat().st_size,
+        build_seconds=built,
     )
-    await stop.wait()
-    await front.drain()
 
 
 def measure(client: Client, job: str, steps: int, calls: int) -> list[float]:
