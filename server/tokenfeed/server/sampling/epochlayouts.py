@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # Carry rows laid out together (one carry block): a block holds about this many units.
 CARRY_BLOCK_UNITS = 2**20
+# Windows' row orders kept per dataset: at most this many, of at most this many bytes.
+WINDOWS_KEPT = 8192
+WINDOW_BYTES = 16 << 20
 
 
 class _Named(Protocol):
@@ -57,7 +60,11 @@ class EpochLayouts:
     def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
         self._layouts: LRU[tuple[Any, ...], order.EpochLayout] = LRU(4 * len(indexes))
-        self._windows: LRU[tuple[Any, ...], np.ndarray] = LRU(16 * len(indexes))
+        # Windows' row orders: many small ones when chunks are small (a window of 8 chunks of
+        # 1 KB documents holds a row or two), so bounded by bytes, not by a handful of windows.
+        self._windows: LRU[tuple[Any, ...], np.ndarray] = LRU(
+            WINDOWS_KEPT * len(indexes), WINDOW_BYTES * len(indexes)
+        )
         self._tails: LRU[tuple[int, int, int, int, int], tuple[int, ...]] = LRU(4096)
         # (start step, seq_len) of each phase: where a dataset's segments begin.
         self.phases: list[tuple[int, int]] = [(0, spec.seq_len)]
