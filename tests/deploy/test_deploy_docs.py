@@ -26,6 +26,20 @@ def test_guide_cites_only_measured_figures():
     assert "make bench" in guide and "2-core machine" in guide
 
 
+def test_readme_scale_figures_are_the_recorded_run():
+    """The README's GetBatch-at-scale table is bench/results/scale-2core.txt's run: every
+    latency and ratio of the table's rows is in that output."""
+    readme = (ROOT / "README.md").read_text()
+    recorded = (ROOT / "bench" / "results" / "scale-2core.txt").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| GetBatch p50 / p99")]
+    assert len(rows) == 2, rows
+    found = [f for row in rows for f in re.findall(r"\b\d+\.\d+\b", row)]
+    figures = [f for f in found if f != "1.2"]  # 1.2: the target
+    assert len(figures) == 12, found  # tokenfeed, reference and ratio, at p50 and p99
+    for figure in figures:
+        assert figure in recorded, figure
+
+
 def test_guide_names_existing_files():
     for path in re.findall(r"`((?:deploy|docs|scripts)/[\w./-]+)`", GUIDE.read_text()):
         assert (ROOT / path).exists(), path
