@@ -39,6 +39,21 @@ def tails(job, step: int) -> set[str]:
     }
 
 
+@pytest.mark.parametrize("first, steps", [(0, 1), (3, 5), (40, 9)])
+def test_prefetch_plans_the_chunks_of_whole_global_batches(job, first, steps):
+    """What prefetch keeps for steps [first, first + steps), planned in one pass, is what their
+    global batches, planned step by step, read: the chunks their rows start in and the tails
+    of those chunks' row buffers."""
+    expected = set()
+    for step in range(first, first + steps):
+        plan = job.plan(step, 0, 1)
+        expected |= {(d, c) for d, _, c, _ in plan.buffers}
+        expected |= {
+            (d, k) for d, e, _, p in plan.buffers for k in job.planner.tail_chunks(d, e, p)
+        }
+    assert job.planner.chunks_of_steps(first, first + steps) == expected
+
+
 @pytest.mark.parametrize("furthest", [0, 7, 30])
 def test_next_use_agrees_with_the_batches_served(job, furthest):
     job.progress.furthest = furthest

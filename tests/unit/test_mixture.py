@@ -134,3 +134,22 @@ def test_exact_decimal_weights():
 def test_first_phase_must_start_at_zero():
     with pytest.raises(ValueError, match="step 0"):
         Schedule([Phase(5, 8, (Fraction(1),))], 0)
+
+
+@given(
+    weights_st,
+    st.integers(1, 6),
+    st.integers(0, 30),
+    st.integers(1, 12),
+    st.integers(1, 20),
+)
+@settings(max_examples=100, deadline=None)
+def test_rows_of_steps_are_the_rows_of_every_step(weights, batch, first, steps, change):
+    """The one-pass rows of a stretch of whole global batches (what prefetch plans from) are
+    the rows that `rows` gives step by step, across a phase with another batch size and
+    weights (sorted: a step's slots are permuted, the stretch's are not)."""
+    s = schedule(weights, batch, later=[(change, batch + 2, [1] * (len(weights) + 1))])
+    datasets, rows = s.rows_of_steps(first, first + steps)
+    expected = [s.rows(t, 0, s.batch_size(t)) for t in range(first, first + steps)]
+    want = np.concatenate([d * 2**40 + r for d, r in expected])
+    assert np.array_equal(np.sort(datasets * 2**40 + rows), np.sort(want))

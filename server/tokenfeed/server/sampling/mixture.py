@@ -163,6 +163,36 @@ class Schedule:
         row = plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q]
         return dataset, row
 
+    def rows_of_steps(
+        self, first: int, end: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(dataset index, dataset row) of every slot of the whole global batches of steps
+        [first, end), by slot (a step's slots unpermuted: the same set as `rows` gives for all
+        of its positions, in one pass over all the steps)."""
+        datasets: list[npt.NDArray[np.int64]] = []
+        rows: list[npt.NDArray[np.int64]] = []
+        for i, plan in enumerate(self.plans):
+            start = plan.phase.start_step
+            stop = self.starts[i + 1] if i + 1 < len(self.starts) else end
+            lo, hi = max(first, start), min(end, stop)
+            if lo >= hi:
+                continue
+            b = plan.phase.global_batch_size
+            slots = np.arange((lo - start) * b, (hi - start) * b, dtype=np.int64)
+            whole: npt.NDArray[np.int64]
+            q: npt.NDArray[np.int64]
+            whole, q = np.divmod(slots, plan.period)
+            dataset = plan.owner[q].astype(np.int64)
+            datasets.append(dataset)
+            rows.append(plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q])
+        if len(datasets) == 1:
+            return datasets[0], rows[0]
+        empty = np.zeros(0, dtype=np.int64)
+        return (
+            np.concatenate(datasets) if datasets else empty,
+            np.concatenate(rows) if rows else empty,
+        )
+
     def consumed(self, step: int) -> npt.NDArray[np.int64]:
         """Rows of each dataset in all global batches before `step`."""
         plan = self.plan_at(step)

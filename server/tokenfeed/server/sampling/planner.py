@@ -256,14 +256,10 @@ class Planner:
     def chunks_of_steps(self, first: int, end: int) -> set[tuple[int, int]]:
         """The (dataset, chunk) pairs that the whole global batches of steps [first, end)
         read: one pass over their rows, whatever the number of steps."""
-        rows: dict[int, list[np.ndarray]] = {}
-        for step in range(first, end):
-            datasets, dataset_rows = self.schedule.rows(step, 0, self.schedule.batch_size(step))
-            for d in dict.fromkeys(datasets.tolist()):
-                rows.setdefault(d, []).append(dataset_rows[datasets == d])
+        datasets, dataset_rows = self.schedule.rows_of_steps(first, end)
         out: set[tuple[int, int]] = set()
-        for d, found in rows.items():
-            all_rows = np.concatenate(found)
+        for d in np.unique(datasets).tolist():
+            all_rows = dataset_rows[datasets == d]
             # Rows of several phases: one segment at a time.
             segs = self.segments(d)
             which = np.searchsorted([s.first_row for s in segs], all_rows, side="right") - 1
