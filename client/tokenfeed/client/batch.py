@@ -7,7 +7,8 @@ int32 token array: the received bytes themselves with int32 tokens, one widened 
 uint16. `batch.compact` is the compact form itself, for helpers that expand it on an
 accelerator (torch.py, jax.py).
 `microbatches` splits a rank's batch into gradient-accumulation micro-batches, also views.
-`varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`.
+`varlen` gives flash-attention's `cu_seqlens` / `max_seqlen` from `position_ids`;
+`doc_lengths` each row's document pieces as lengths (OLMo-core's `doc_lens`).
 """
 
 from __future__ import annotations
@@ -100,3 +101,21 @@ def varlen(position_ids: np.ndarray) -> tuple[np.ndarray, int]:
     starts = np.flatnonzero(flat == 0)
     cu = np.append(starts, flat.size).astype(np.int32)
     return cu, int(np.diff(cu).max()) if len(cu) > 1 else 0
+
+
+def doc_lengths(c: Compact) -> tuple[np.ndarray, list[int]]:
+    """Each row's document pieces as lengths, in order, over its `seq_len` input positions
+    (OLMo-core's `doc_lens`): int32 [rows, most pieces of a row], zero-padded, and each row's
+    longest piece (`max_doc_lens`). A row's padding (best_fit) is one piece at its end."""
+    L = c.seq_len
+    pieces = []
+    for r in range(c.rows):
+        starts = c.starts[int(c.row_splits[r]) : int(c.row_splits[r + 1])].astype(np.int64)
+        # Slots holding tokens, of the row's seq_len + 1: inputs past them are padding.
+        used = L if c.padding is None else min(L, L + 1 - int(c.padding[r]))
+        ends = [used, L] if used < L else [used]
+        pieces.append(np.diff(np.concatenate(([0], starts[starts < used], ends))))
+    out = np.zeros((c.rows, max(len(p) for p in pieces)), dtype=np.int32)
+    for r, p in enumerate(pieces):
+        out[r, : len(p)] = p
+    return out, [int(p.max()) for p in pieces]

@@ -19,7 +19,8 @@ inputs, -100 where not trained on). With labels given, OLMo-core's train modules
 they are instead of shifting `input_ids` (`get_labels`), so the last position of each row is
 trained on too. Other keys of a batch are passed by `TransformerTrainModule` to the model as
 keyword arguments, and OLMo-core's Transformer takes document boundaries only as `doc_lens`
-(with a flash-attention backend), so positions are not sent.
+and `max_doc_lens` (with a flash-attention backend): `doc_lens=True` adds them, in the form
+OLMo-core's own loader makes (`generate_doc_lengths`); positions are not sent.
 
 The stream is the server's order and never ends: OLMo-core's epochs are bookkeeping here
 (`total_batches` is None, so train by steps or tokens; `reshuffle` only sets the epoch). The
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenfeed.client._client import Client
+from tokenfeed.client.batch import doc_lengths
 from tokenfeed.client.integrations._feed import RankFeed
 from tokenfeed.client.integrations._tensors import torch_batch
 
@@ -67,6 +69,7 @@ def _loader_class() -> type:
             dp_world_size: int = 1,
             fs_local_rank: int | None = None,
             job: str | None = None,
+            doc_lens: bool = False,
         ):
             if not isinstance(global_batch_size, int) or global_batch_size <= 0:
                 raise ValueError(
@@ -79,6 +82,7 @@ def _loader_class() -> type:
                 )
             # The feed first: it checks the rank, which OLMo-core only asserts.
             self.feed = RankFeed(client, dp_rank, dp_world_size, job=job)
+            self.doc_lens = doc_lens
             super().__init__(
                 work_dir=work_dir,
                 global_batch_size=global_batch_size,
@@ -123,13 +127,21 @@ def _loader_class() -> type:
                         f"{self.global_batch_size} gives {self.rank_batch_size}: pass the "
                         "job's rows per step x seq_len"
                     )
-                yield {"input_ids": ids, "labels": t["labels"]}
+                out: dict[str, Any] = {"input_ids": ids, "labels": t["labels"]}
+                if self.doc_lens:
+                    lens, longest = doc_lengths(batch.compact)
+                    out["doc_lens"], out["max_doc_lens"] = torch.from_numpy(lens), longest
+                yield out
 
         def get_mock_batch(self) -> dict[str, Any]:
             # The Trainer's dry run (a forward and backward pass before the first step).
             seq_len = int(self.feed.client.describe(self.feed.job)["seq_len"])
             ids = torch.zeros((max(self.rank_batch_size // seq_len, 1), seq_len), dtype=torch.int64)
-            return {"input_ids": ids, "labels": ids.clone()}
+            mock: dict[str, Any] = {"input_ids": ids, "labels": ids.clone()}
+            if self.doc_lens:  # one document a row
+                mock["doc_lens"] = torch.full((len(ids), 1), seq_len, dtype=torch.int32)
+                mock["max_doc_lens"] = [seq_len] * len(ids)
+            return mock
 
         def global_num_tokens_in_batch(self, batch: dict[str, Any]) -> int | None:
             return self.global_batch_size  # every rank's share was checked to be whole
