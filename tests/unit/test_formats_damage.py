@@ -202,6 +202,81 @@ def test_a_json_member_without_the_field_and_a_corrupt_header(tmp_path):
     assert len(bad) == 2
 
 
+def _damaged_tars(tmp_path: Path) -> dict[str, bytes]:
+    """A good shard and shards damaged in the ways the header walk must locate."""
+    good = formats.write_tar(tmp_path / "g.tar", TEXTS * 3).read_bytes()
+    out = {"good": good}
+    at = good.index(b"g/000011.txt")  # a member's header (pax or ustar) past the first batch
+    bad_sum = bytearray(good)
+    bad_sum[at - at % 512 + 100 : at - at % 512 + 108] = b"7777777\0"
+    out["checksum"] = bytes(bad_sum)
+    pax = bytearray(good)  # a pax payload of garbage under a header that fails its checksum
+    block = good.index(b"g/000013.txt") - 512  # the payload of the pax header before it
+    assert good[block - 512 : block - 512 + 14] == b"././@PaxHeader"
+    pax[block : block + 12] = b"xx garbage y"
+    pax[block - 512 + 100 : block - 512 + 108] = b"7777777\0"
+    out["pax"] = bytes(pax)
+    out["cut"] = good[: good.index(TEXTS[5].encode(), good.index(b"g/000020")) + 7]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["good", "checksum", "pax", "cut"])
+def test_the_batched_checksum_walk_is_the_header_by_header_walk(tmp_path, monkeypatch, damage):
+    """`walked` verifies checksums a batch at a time: the same members and damage as the
+    walk that verifies each header, whether a failing header is in a batch or the last."""
+    data = _damaged_tars(tmp_path)[damage]
+    expected = list(wds.members(io.BytesIO(data), len(data)))
+    # A header that fails ends the walk with its damage; a cut inside a member's data is the
+    # reader's to find (the member's header still says its size).
+    assert expected and isinstance(expected[-1], wds.Damage) == (damage in ("checksum", "pax"))
+    for batch in (4096, 5):
+        monkeypatch.setattr(wds._Checksums, "BATCH", batch)
+        assert wds.walked(io.BytesIO(data), len(data)) == expected, batch
+
+
+@pytest.mark.parametrize("damage", ["good", "checksum", "cut", "members"])
+@pytest.mark.parametrize("member", ["txt", "json"])
+def test_a_planned_tar_is_read_as_the_walk_reads_it(tmp_path, monkeypatch, damage, member):
+    """Chunks of a tar this process planned are cut where the plan's walk found each text,
+    without walking their headers again; damaged ones read as the walk reads them."""
+    if damage == "members":
+        data = formats.tar_bytes(
+            [("m/0.txt", b"one"), ("m/1.cls", b"1"), ("m/2.txt", b"caf\xe9"), ("m/3.txt", b"")]
+            + [("m/4.json", b'{"text": 4}'), ("m/5.json", b"{"), ("m/6.json", b'{"text": "six"}')]
+        )
+    elif member == "json":
+        data = formats.write_tar(tmp_path / "g.tar", TEXTS * 3, member="json").read_bytes()
+        if damage != "good":
+            cut_at = data.index(b'"text"', len(data) // 2) + 3  # inside a member's data
+            data = data[:cut_at] if damage == "cut" else _damaged_tars(tmp_path)[damage]
+    else:
+        data = _damaged_tars(tmp_path)[damage]
+    path = tmp_path / "t" / "s.tar"
+    path.parent.mkdir()
+    path.write_bytes(data)
+    walks = []
+    real = wds._samples
+
+    def counted(f, size):
+        walks.append(size)
+        return real(f, size)
+
+    monkeypatch.setattr(wds, "_samples", counted)
+    wds._PLANNED.discard(wds._planned_key(_info(path), wds.reading(member, "text")))
+    planned = read_all(path, member=member, chunk_bytes=300)  # planned in this process
+    fell_back = len(walks) - 1  # one walk plans; the chunks read by walking them
+    monkeypatch.setattr(wds, "_planned_texts", lambda *_: None)  # every chunk walked
+    walks.clear()
+    walked = read_all(path, member=member, chunk_bytes=300)
+    assert planned == walked
+    chunks = len(walks) - 1
+    assert chunks >= 1 and 0 <= fell_back <= chunks
+    if damage == "good":
+        assert fell_back == 0 and len(planned[0]) == 3 * len(TEXTS)  # read without a walk
+    else:
+        assert fell_back > 0  # the chunks with damage were walked
+
+
 def test_tar_gz_is_read_whole_and_its_truncation_located(tmp_path):
     path = formats.write_tar(tmp_path / "w.tar.gz", TEXTS[:40], gz=True)
     cut(path, path.stat().st_size * 2 // 3)
@@ -345,9 +420,9 @@ def test_tar_and_arrow_shards_are_walked_once_and_kept(tmp_path, monkeypatch):
     walks = {"tar": 0, "arrow": 0}
     real_tar, real_arrow = wds.sample_table, arrowfiles.batch_table
 
-    def tar_walk(store, obj):
+    def tar_walk(store, obj, text_field=""):
         walks["tar"] += 1
-        return real_tar(store, obj)
+        return real_tar(store, obj, text_field)
 
     def arrow_walk(store, obj):
         walks["arrow"] += 1
@@ -408,3 +483,32 @@ def test_auto_detection_reads_only_unambiguous_layouts(tmp_path):
     # A lone MDS shard cannot be read without its index.json.
     with pytest.raises(SourceError, match="read through its index.json"):
         read_all(tmp_path / "both" / "m" / "shard.00000.mds")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [b"0001234\0", b"  1234 \0", b"1234\0\0\0\0", b"\0\0\0\0\0\0\0\0", b"        ", b"0000017 "]
+    + [
+        b"12 34\0\0\0",
+        b"-12\0\0\0\0\0",
+        b"1_2\0\0\0\0\0",
+        b"\x80\0\0\0\0\0\x01\x00",
+        b"12\n\0\0\0\0\0",
+    ]
+    + [b"9\0\0\0\0\0\0\0", b"12\x003 x\0\0", b" \x0012\0\0\0\0"],
+)
+def test_header_numbers_read_in_numpy_are_read_as_one_at_a_time(field):
+    """The batch walk's octal reading of checksum fields: a plain field gives `_number`'s
+    value; any other is marked for `_number` itself (which may refuse it)."""
+    values, plain = wds._octal(np.frombuffer(field, dtype=np.uint8).reshape(1, 8))
+    try:
+        expected = wds._number(field)
+    except ValueError:
+        expected = None
+    if plain[0]:
+        assert int(values[0]) == expected, field
+    # What writers write is plain (the fast path covers it), and whatever follows a NUL.
+    assert plain[0] == (field in USUAL_FIELDS or field.startswith((b" \x00", b"12\x00"))), field
+
+
+USUAL_FIELDS = (b"0001234\0", b"  1234 \0", b"1234\0\0\0\0", b"\0" * 8, b" " * 8, b"0000017 ")

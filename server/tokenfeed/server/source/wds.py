@@ -27,10 +27,11 @@ from typing import BinaryIO
 
 import numpy as np
 import orjson
+from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
 from tokenfeed.server.source.chunk import Chunk
 from tokenfeed.server.source.records import BadRecord, text_of
-from tokenfeed.server.source.shardindex import ShardIndexes, cached
+from tokenfeed.server.source.shardindex import ShardIndexes, cached, index_key
 
 _BLOCK = 512
 _REGULAR = (b"0", b"\0", b"7")
@@ -96,6 +97,78 @@ class _Window:
 def members(f: BinaryIO, size: int, pos: int = 0) -> Iterator[Member | Damage]:
     """The regular-file members from `pos` on, in order; a header that cannot be read ends
     the walk with a `Damage`."""
+    return _walk(f, size, pos, None)
+
+
+def walked(f: BinaryIO, size: int) -> list[Member | Damage]:
+    """`list(members(f, size))`, with the headers' checksums verified a batch at a time in numpy
+    instead of one Python sum a header (the walk's largest cost). A batch with a header that
+    fails walks the tar again header by header, so the result is always `members`'."""
+    batch = _Checksums()
+    found = []
+    try:
+        for m in _walk(f, size, 0, batch):
+            found.append(m)
+            if not batch.hold():
+                return list(members(f, size))
+    except ValueError:  # a header read before its checksum was (or one with a large payload):
+        return list(members(f, size))  # the walk that checks each header says why
+    return found if batch.hold(final=True) else list(members(f, size))
+
+
+class _Checksums:
+    """Headers waiting for their checksums to be verified together."""
+
+    BATCH = 4096
+
+    def __init__(self) -> None:
+        self.blocks: list[bytes] = []
+
+    def add(self, block: bytes) -> None:
+        self.blocks.append(block)
+
+    def hold(self, final: bool = False) -> bool:
+        """Whether every header so far holds its checksum (verified once BATCH are waiting,
+        or all that wait when `final`); False too for a checksum field that is not a number."""
+        if not self.blocks or (len(self.blocks) < self.BATCH and not final):
+            return True
+        raw = np.frombuffer(b"".join(self.blocks), dtype=np.uint8).reshape(-1, _BLOCK)
+        checks, plain = _octal(raw[:, 148:156])
+        try:
+            for i in np.nonzero(~plain)[0].tolist():
+                checks[i] = _number(self.blocks[i][148:156])
+        except ValueError:
+            return False
+        sums = raw.sum(axis=1, dtype=np.int64) - raw[:, 148:156].sum(axis=1, dtype=np.int64)
+        bad = np.nonzero(sums + 256 != checks)[0].tolist()
+        ok = all(int(checks[i]) == _signed(self.blocks[i]) for i in bad)
+        self.blocks = []
+        return ok
+
+
+def _octal(fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_number` of each row of header fields ([n, width] bytes), and which rows are plain:
+    octal digits after spaces, ending at a NUL or spaces (the rest, e.g. base-256 or signs,
+    is left to `_number`)."""
+    rows = len(fields)
+    value = np.zeros(rows, dtype=np.int64)
+    started, trailing, nul, odd = (np.zeros(rows, dtype=bool) for _ in range(4))
+    for col in fields.T:
+        live = ~nul
+        digit = live & (col >= 48) & (col <= 55)
+        space = live & (col == 32)
+        odd |= (digit & trailing) | (live & ~digit & ~space & (col != 0))
+        value = np.where(digit, value * 8 + (col.astype(np.int64) - 48), value)
+        started |= digit
+        trailing |= space & started
+        nul |= col == 0
+    return value, ~odd
+
+
+def _walk(
+    f: BinaryIO, size: int, pos: int, deferred: _Checksums | None
+) -> Iterator[Member | Damage]:
+    """`members`; with `deferred`, each header's checksum is left to it (not verified here)."""
     first, long_name, pax = -1, b"", {}
     window = _Window(f)
     while pos < size:
@@ -106,12 +179,19 @@ def members(f: BinaryIO, size: int, pos: int = 0) -> Iterator[Member | Damage]:
         if block == bytes(_BLOCK):
             return  # the end-of-archive marker
         try:
-            check = _number(block[148:156])
+            # Deferred, the checksum field is read with the batch's (a field that is not a
+            # number fails the batch, and the walk that checks says so).
+            check = _number(block[148:156]) if deferred is None else 0
             n = _number(block[124:136])
         except ValueError:
             yield Damage(pos, "a header with unreadable numbers")
             return
-        if check != sum(block) - sum(block[148:156]) + 256 and check != _signed(block):
+        # A header whose payload is read (pax, long names) is checked before a large read.
+        if deferred is not None and not (block[156:157] in _META and n > _WINDOW):
+            deferred.add(block)
+        elif deferred is not None:  # `walked` then walks with the checks, header by header
+            raise ValueError(f"a header payload of {n} bytes at byte {pos}")
+        elif check != sum(block) - sum(block[148:156]) + 256 and check != _signed(block):
             yield Damage(pos, "a header that fails its checksum")
             return
         kind, head = block[156:157], first if first >= 0 else pos
@@ -152,7 +232,8 @@ def key_of(name: str) -> tuple[str, str] | None:
 def _samples(f: BinaryIO, size: int) -> Iterator[list[Member] | Damage]:
     """Runs of consecutive members of one key."""
     run: list[Member] = []
-    for m in members(f, size):
+    key = ""
+    for m in walked(f, size):
         if isinstance(m, Damage):
             if run:
                 yield run
@@ -161,25 +242,45 @@ def _samples(f: BinaryIO, size: int) -> Iterator[list[Member] | Damage]:
         k = key_of(m.name)
         if k is None:
             continue
-        if run and key_of(run[0].name)[0] != k[0]:  # type: ignore[index]
+        if run and key != k[0]:
             yield run
             run = []
+        if not run:
+            key = k[0]
         run.append(m)
     if run:
         yield run
 
 
-def sample_table(store: ObjectBackend, obj: ObjectInfo) -> np.ndarray:
+def sample_table(store: ObjectBackend, obj: ObjectInfo, text_field: str = "") -> np.ndarray:
     """[first header, end, data bytes] of each sample of a plain tar (a damaged tail is one
-    more row)."""
-    rows = []
+    more row). With `text_field` (a chunk's reading), where each sample's text member lies is
+    kept in this process too (`_planned`), so reading the chunks does not walk them again."""
+    rows, texts = [], []
+    ext = text_field.partition(":")[0]
     with store.open(obj) as f:
         for s in _samples(f, obj.size):
             if isinstance(s, Damage):
                 rows.append((s.at, obj.size, obj.size - s.at))
+                texts.append((-1, 0))
             else:
                 rows.append((s[0].header, s[-1].end, sum(m.size for m in s)))
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+                m = next((m for m in s if key_of(m.name)[1] == ext), None)  # type: ignore[index]
+                texts.append((-1, 0) if m is None else (m.data, m.size))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    if text_field:
+        planned = np.array(texts, dtype=np.int64).reshape(-1, 2)
+        _PLANNED.get_or_make(_planned_key(obj, text_field), lambda: np.hstack([table, planned]))
+    return table
+
+
+# Where the text member of each sample of recently planned tars lies ([first header, end, data
+# bytes, text offset, text bytes] rows; -1: none), by shard version and reading.
+_PLANNED: LRU[tuple[str, str], np.ndarray] = LRU(256, 64 << 20)
+
+
+def _planned_key(obj: ObjectInfo, text_field: str) -> tuple[str, str]:
+    return index_key("tar", obj), text_field
 
 
 def plan(
@@ -191,7 +292,7 @@ def plan(
     `nbytes`, what a read fetches, is still the extent)."""
     if obj.uri.lower().endswith((".gz", ".tgz")):
         return [Chunk(obj, "tar.gz", field, 0, obj.size, nbytes=obj.size)]
-    table = cached(indexes, "tar", obj, lambda: sample_table(store, obj))
+    table = cached(indexes, "tar", obj, lambda: sample_table(store, obj, field))
 
     def chunk(first: int, stop: int) -> Chunk:
         start, end = int(table[first][0]), int(table[stop - 1][1])
@@ -223,6 +324,11 @@ def _bytes(store: ObjectBackend, chunk: Chunk) -> tuple[bytes, bool]:
 def read_texts(store: ObjectBackend, chunk: Chunk) -> list[str | BadRecord]:
     """The chunk's samples, each its text or why it is a bad record."""
     (data, whole), uri = _bytes(store, chunk), chunk.source.uri
+    if chunk.kind == "tar":
+        planned = _PLANNED.get(_planned_key(chunk.source, chunk.text_field))
+        texts = None if planned is None else _planned_texts(data, chunk, planned)
+        if texts is not None:
+            return texts  # type: ignore[return-value]
     ext, _, field = chunk.text_field.partition(":")
     out: list[str | BadRecord] = []
     n = max(chunk.first_record, 0)
@@ -238,6 +344,31 @@ def read_texts(store: ObjectBackend, chunk: Chunk) -> list[str | BadRecord]:
             out.pop()
         detail = f"the compressed stream ends early, after {len(data)} bytes of tar"
         out.append(BadRecord("truncated", f"{uri} sample {n}", detail))
+    return out
+
+
+def _planned_texts(data: bytes, chunk: Chunk, planned: np.ndarray) -> list[str] | None:
+    """The chunk's texts cut where the plan's walk found them, or None for anything but good
+    text in every sample (a sample without the member, damage, a short read, text that is not
+    UTF-8 or empty, JSON that does not hold the field): the walk then reads the chunk, and
+    says where and why."""
+    field = chunk.text_field.partition(":")[2]
+    first = max(chunk.first_record, 0)
+    rows = planned[first:][planned[first:, 0] < chunk.end]
+    if not len(rows) or rows[0, 0] != chunk.start:
+        return None
+    out: list[str] = []
+    for at, n in (rows[:, 3:5] - (chunk.start, 0)).tolist():
+        if at < 0 or at + n > len(data):
+            return None
+        raw = data[at : at + n]
+        try:
+            text = orjson.loads(raw).get(field) if field else raw.decode("utf-8")
+        except (orjson.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            return None
+        if not isinstance(text, str) or not text:
+            return None
+        out.append(text)
     return out
 
 
