@@ -9,8 +9,11 @@ named by the source's `member` (`txt` by default), or `text_field` of a JSON mem
 
 A plain tar is cut into chunks of whole samples holding about `chunk_bytes` of member data by
 its member index, which a walk over its 512-byte headers builds once per shard version and the
-token store keeps (shardindex.py); a chunk is then one ranged read. A compressed tar is one
-chunk, read whole. Damage is located by shard and member or sample: a member cut short
+token store keeps (shardindex.py); a chunk is then one ranged read. The walk verifies the
+headers' checksums a batch at a time (`walked`), and a process that planned a tar keeps where
+each sample's text lies, so reading its chunks cuts the texts out without walking them again
+(a chunk with any damage is walked, which says where and why). A compressed tar is one chunk,
+read whole. Damage is located by shard and member or sample: a member cut short
 (truncated), a header that fails its checksum (the rest of the shard is one bad record), a
 sample without the member, text that is not UTF-8, a JSON member that is malformed or lacks the
 field.
