@@ -22,7 +22,7 @@ from tokenfeed.server.errors import SourceError
 from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.settings.config import SourceSpec
-from tokenfeed.server.source import arrowfiles, pretokenized, wds
+from tokenfeed.server.source import arrowfiles, pretokenized, tarwalk, wds
 from tokenfeed.server.source.chunks import plan_chunks
 from tokenfeed.server.source.readers import locate_record, read_documents
 from tokenfeed.server.store.shardfiles import ShardIndexFiles
@@ -225,13 +225,13 @@ def test_the_batched_checksum_walk_is_the_header_by_header_walk(tmp_path, monkey
     """`walked` verifies checksums a batch at a time: the same members and damage as the
     walk that verifies each header, whether a failing header is in a batch or the last."""
     data = _damaged_tars(tmp_path)[damage]
-    expected = list(wds.members(io.BytesIO(data), len(data)))
+    expected = list(tarwalk.members(io.BytesIO(data), len(data)))
     # A header that fails ends the walk with its damage; a cut inside a member's data is the
     # reader's to find (the member's header still says its size).
-    assert expected and isinstance(expected[-1], wds.Damage) == (damage in ("checksum", "pax"))
+    assert expected and isinstance(expected[-1], tarwalk.Damage) == (damage in ("checksum", "pax"))
     for batch in (4096, 5):
-        monkeypatch.setattr(wds._Checksums, "BATCH", batch)
-        assert wds.walked(io.BytesIO(data), len(data)) == expected, batch
+        monkeypatch.setattr(tarwalk._Checksums, "BATCH", batch)
+        assert tarwalk.walked(io.BytesIO(data), len(data)) == expected, batch
 
 
 @pytest.mark.parametrize("damage", ["good", "checksum", "cut", "members"])
@@ -500,9 +500,9 @@ def test_auto_detection_reads_only_unambiguous_layouts(tmp_path):
 def test_header_numbers_read_in_numpy_are_read_as_one_at_a_time(field):
     """The batch walk's octal reading of checksum fields: a plain field gives `_number`'s
     value; any other is marked for `_number` itself (which may refuse it)."""
-    values, plain = wds._octal(np.frombuffer(field, dtype=np.uint8).reshape(1, 8))
+    values, plain = tarwalk._octal(np.frombuffer(field, dtype=np.uint8).reshape(1, 8))
     try:
-        expected = wds._number(field)
+        expected = tarwalk._number(field)
     except ValueError:
         expected = None
     if plain[0]:
