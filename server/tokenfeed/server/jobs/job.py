@@ -31,7 +31,8 @@ from tokenfeed.server.errors import (
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
 from tokenfeed.server.indexing.owner import ChunkOwner
-from tokenfeed.server.jobs.fingerprints import fixed_parts, job_fingerprint
+from tokenfeed.server.jobs.backoff import with_backoff
+from tokenfeed.server.jobs.identity import JobIdentity
 from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.objstore.storage import ObjectStorage
@@ -100,7 +101,7 @@ class Job:
             self._layout_identity,
         )
         self._ready = asyncio.Event()
-        self._fingerprint = ""
+        self.identity = JobIdentity(spec, self.plans)
         self.progress = Progress()
         self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
         # The tokenizer may live in object storage: a fetch that fails is this job's problem
@@ -111,7 +112,6 @@ class Job:
         self._plan_error = ""
         self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
         self._added_builds: set[asyncio.Future] = set()
-        self._chain: tuple[object, list[tuple[int, str]]] | None = None
         try:
             self.load_tokenizer()
         except LocalError as e:
@@ -223,35 +223,13 @@ class Job:
     def fingerprint(self) -> str:
         """Everything that decides the bytes of the job's batches as the run started (its plan
         at version 1: the same on every server however the plan was amended since, and
-        whatever their config files say now); known once the plan log is open and every first
-        dataset's chunks are planned (before they are tokenized), empty until then. Before
-        the log is open (a job built by hand) it is the config's plan's, not kept."""
-        if self._fingerprint:
-            return self._fingerprint
-        t, first = self.tokenizer, self.plans.first
-        indexes = self.indexes[: len(first.datasets)]
-        if t is None or not all(i.fingerprint for i in indexes):
-            return ""
-        fingerprint = job_fingerprint(self.spec, t, first, [i.fingerprint for i in indexes])
-        if self.plans.is_open:
-            self._fingerprint = fingerprint
-        return fingerprint
+        whatever their config files say now); jobs/identity.py."""
+        return self.identity.fingerprint(self.tokenizer, self.indexes)
 
     def chain(self) -> list[tuple[int, str]]:
-        """(start step, fingerprint) of each phase of the plan in force (JobPlan.chain): known
-        once the tokenizer is loaded and every dataset's chunks are planned, empty until then.
-        Made once per plan version: every served batch names its link."""
-        plan = self.plans.plan
-        cached = self._chain
-        if cached is not None and cached[0] is plan:
-            return cached[1]
-        t = self.tokenizer
-        if t is None or not all(i.fingerprint for i in self.indexes):
-            return []
-        base = fixed_parts(self.spec, t)
-        chain = self.plans.chain(base, [i.fingerprint for i in self.indexes])
-        self._chain = (plan, chain)
-        return chain
+        """(start step, fingerprint) of each phase of the plan in force, made once per plan
+        version: every served batch names its link (jobs/identity.py)."""
+        return self.identity.chain(self.tokenizer, self.indexes)
 
     def _layout_identity(self) -> str:
         """What decides the bytes of the job's row buffers (shared by the serving processes of
@@ -269,24 +247,26 @@ class Job:
         return chain[k] if chain else (self.plans.plan.phases[k].start_step, "")
 
     async def _fetch_tokenizer(self, executor: Executor, retry: bool) -> bool:
-        """Load the tokenizer, retrying fetch failures with backoff (1 s doubling to 60 s)
-        until it loads, or the job fails (the file is not a tokenizer) or is cancelled."""
-        loop, pause = asyncio.get_running_loop(), 1.0
-        while self.tokenizer is None and not self._failure:
-            try:
-                await loop.run_in_executor(executor, self.load_tokenizer)
-            except LocalError as e:
-                self._tokenizer_error = f"tokenizer {self.spec.tokenizer.path}: {e}; retrying"
-                log.warning("job %s: %s in %.0fs", self.name, self._tokenizer_error, pause)
-                if not retry:
-                    self.fail(self._tokenizer_error)
-                    break
-                self._on_built()  # waiting requests answer with the reason now
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 60.0)
-            except TokenfeedError as e:
-                self.fail(f"tokenizer: {e}")
-        return self.tokenizer is not None and not self._failure
+        """Load the tokenizer, retrying fetch failures with backoff until it loads, or the job
+        fails (the file is not a tokenizer) or is cancelled."""
+        if self.tokenizer is not None:
+            return not self._failure
+        loop = asyncio.get_running_loop()
+
+        def note(error: str) -> None:
+            self._tokenizer_error = error
+
+        return await with_backoff(
+            lambda: loop.run_in_executor(executor, self.load_tokenizer),
+            job=self.name,
+            what="tokenizer",
+            retrying=f"tokenizer {self.spec.tokenizer.path}",
+            retry=retry,
+            note=note,
+            fail=self.fail,
+            wake=self._on_built,
+            stopped=lambda: bool(self._failure),
+        )
 
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
         if not await self._fetch_tokenizer(executor, retry):
@@ -303,24 +283,21 @@ class Job:
     async def _open_plan(self, executor: Executor, retry: bool) -> bool:
         """Open the job's plan log (its datasets may be more than the config's), retrying a
         log that cannot be reached while requests get UNAVAILABLE."""
-        pause = 1.0
-        while not self._failure:
-            try:
-                await self.plans.open(executor)
-                self._plan_error = ""
-                return True
-            except LocalError as e:
-                self._plan_error = f"data plan: {e}; retrying"
-                log.warning("job %s: %s in %.0fs", self.name, self._plan_error, pause)
-                if not retry:
-                    self.fail(self._plan_error)
-                    return False
-                self._on_built()
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 60.0)
-            except TokenfeedError as e:
-                self.fail(f"data plan: {e}")
-        return False
+
+        def note(error: str) -> None:
+            self._plan_error = error
+
+        return await with_backoff(
+            lambda: self.plans.open(executor),
+            job=self.name,
+            what="data plan",
+            retrying="data plan",
+            retry=retry,
+            note=note,
+            fail=self.fail,
+            wake=self._on_built,
+            stopped=lambda: bool(self._failure),
+        )
 
     def _claim(self, parallel: int) -> None:
         """Once every dataset is built: the job's claim on the cache (its working set)."""
