@@ -108,7 +108,8 @@ class _Context:
 def test_a_stream_lays_out_its_next_blocks_buffers_while_it_sends(tmp_path, corpus):
     # Chunks of a few rows, one per window: the next block's rows start in other chunks.
     from tokenfeed.client import wire
-    from tokenfeed.server.serve.service import TokenFeedServicer, plan_group
+    from tokenfeed.server.serve.service import TokenFeedServicer
+    from tokenfeed.server.serve.streaming import plan_group
     from tokenfeed.v1 import tokenfeed_pb2 as pb
 
     spec = job_spec([corpus / "*"], seq_len=48, seed=9, global_batch_size=16, chunk_bytes="4KiB")
@@ -125,7 +126,7 @@ def test_a_stream_lays_out_its_next_blocks_buffers_while_it_sends(tmp_path, corp
     async def stream():
         with ThreadPoolExecutor(2) as pool:
             servicer = TokenFeedServicer({job.name: job}, 5.0, pool, stream_ahead=2)
-            batches = servicer._ahead(job, start, start + 2 * block, 0, 1, _Context())
+            batches = servicer.make.stream(job, start, start + 2 * block, 0, 1, _Context())
             first = await anext(batches)
             # The reader has taken one batch: the producer waits on the full queue, far from
             # the next block, whose row buffers are laid out meanwhile all the same.

@@ -5,7 +5,7 @@ so another stream never waits longer than that."""
 from __future__ import annotations
 
 import pytest
-from tokenfeed.server.serve.service import (
+from tokenfeed.server.serve.streaming import (
     GROUP_TOKENS,
     PLAN_ROWS,
     PLAN_STEPS,

@@ -1,0 +1,187 @@
+"""How the servicer makes batches: a rank's steps planned, their chunks opened off the event
+loop, assembled and serialized (GetBatch), and a stream's steps planned many at a time,
+assembled a group at a time and built ahead of the one being sent (StreamBatches)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from tokenfeed.client import wire
+from tokenfeed.server.jobs.job import READY, Job
+from tokenfeed.server.sampling.planner import RowPlan
+from tokenfeed.server.serve.batchmsg import batch_message
+from tokenfeed.server.telemetry import metrics
+
+# Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls, pins,
+# the plan's split) once per group: 8 [8, 2048] batches cost 80-87 us of CPU each against
+# 96-144 us in groups of 4 (bench/, wire section). An assembled group holds at most
+# GROUP_TOKENS tokens, one [32, 4096] batch, so the event loop is never held for more than one
+# large batch's work and a stalled stream holds at most that much in its group: larger batches
+# go one at a time.
+STREAM_GROUP = 8
+GROUP_TOKENS = 32 * 4096
+# Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
+# arithmetic over row indexes, vectorised, so 16 steps cost little more than one and far less
+# than assembling one batch.
+PLAN_STEPS = 16
+PLAN_ROWS = 512
+
+
+def stream_group(rows: int, seq_len: int) -> int:
+    """Steps of `rows` rows a stream assembles in one pass: up to STREAM_GROUP, while the group
+    holds at most GROUP_TOKENS tokens; at least one."""
+    return max(1, min(STREAM_GROUP, GROUP_TOKENS // max(rows * seq_len, 1)))
+
+
+def plan_group(rows: int) -> int:
+    """Steps of `rows` rows of a rank a stream plans in one pass: up to PLAN_STEPS, while they
+    hold at most PLAN_ROWS rows; at least one."""
+    return max(1, min(PLAN_STEPS, PLAN_ROWS // max(rows, 1)))
+
+
+class BatchMaker:
+    """The batches of the servicer's jobs. `wait(context)`: how long a call may wait for its
+    chunks to be built (up to its deadline)."""
+
+    def __init__(self, io: Executor, stream_ahead: int, wait: Callable[[Any], float]):
+        self.io = io  # opens, verifies and rebuilds chunks off the event loop
+        self.stream_ahead = stream_ahead
+        self.wait = wait
+        self._served: dict[str, tuple[Any, Any]] = {}
+
+    async def plan(
+        self, job: Job, steps: list[int], rank: int, world_size: int, context
+    ) -> RowPlan:
+        """The plan of several steps of one rank (of one phase of the data plan)."""
+        await job.plans.through(steps[-1], self.io)  # never planned from a plan not final
+        return await job.plan_when_built(steps, rank, world_size, self.wait(context))
+
+    async def built(self, job: Job, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
+        """(epoch, compact batch) of each of a plan's `steps` steps, assembled in one pass."""
+        with job.pinned(plan):  # its chunks stay in the cache until the batches are built
+            await job.open_chunks(plan, self.io)  # disk work, off the event loop
+            return job.assemble_steps(plan, steps)
+
+    async def open_ahead(self, job: Job, plan: RowPlan) -> None:
+        """A plan's chunks opened and its row buffers laid out before it is served; a failure
+        is left for serving it to meet and report."""
+        try:
+            with job.pinned(plan):
+                await job.open_chunks(plan, self.io)
+        except Exception:  # noqa: BLE001 - serving the plan opens it again and reports
+            return
+
+    async def serialized(
+        self, job: Job, plan: RowPlan, steps: list[int], rank: int, world_size: int
+    ) -> list[bytes]:
+        """A plan's batches of one rank, as serialized messages. Only these training requests
+        (not Explain) move the job's progress, which prefetch and eviction follow: a step
+        counts once its batch is being built, not when it is planned."""
+        for step in steps:
+            job.note_request(step, rank, world_size)
+        built = await self.built(job, plan, len(steps))
+        out, tokens, sent = [], 0, 0
+        for step, (epoch, compact) in zip(steps, built, strict=True):
+            message, payload = batch_message(job, step, rank, world_size, epoch, compact)
+            out.append(message)
+            tokens += compact.rows * compact.seq_len
+            sent += payload
+        job.note_served(tokens)
+        served_tokens, served_bytes = self.served_metrics(job.name)
+        served_tokens.inc(tokens)
+        served_bytes.inc(sent)
+        return out
+
+    def served_metrics(self, name: str) -> tuple[Any, Any]:
+        """A job's served tokens and bytes counters (labels looked up once per job)."""
+        found = self._served.get(name)
+        if found is None:
+            found = self._served[name] = (
+                metrics.SERVED_TOKENS.labels(name),
+                metrics.SERVED_BYTES.labels(name),
+            )
+        return found
+
+    async def stream(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
+        """The stream's batches, built while the ones before them are sent: at most
+        `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
+        STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
+        reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
+        with its flow-control window. Up to PLAN_STEPS steps are planned in one pass (`plan_group`),
+        and assembled a group at a time on the event loop, each group in one stretch between
+        awaits: other streams wait at most one large batch's work (measured faster than
+        threads, whose GIL contention with the loop cost more than the overlap gained)."""
+        ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
+        seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
+        plans = job.plans
+
+        async def block(first: int) -> list[int]:
+            """The steps planned in one pass from `first`: up to plan_group, never across a
+            phase of the data plan (another batch size or seq_len), one at a time while the
+            job builds (each step goes as soon as its own rows are built). The plan is made
+            final through the steps the pass may take first."""
+            await plans.through(min(first + PLAN_STEPS, end) - 1, self.io)
+            steps, most = [first], plan_group(job.schedule.batch_size(first) // world_size)
+            if job.state != READY:
+                most = 1
+            while len(steps) < most and steps[-1] + 1 < end:
+                if not plans.same_phase(first, steps[-1] + 1):
+                    break
+                steps.append(steps[-1] + 1)
+            return steps
+
+        async def produce() -> None:
+            ahead: asyncio.Task | None = None
+            try:
+                steps = await block(start)
+                plan = await self.plan(job, steps, rank, world_size, context)
+                while True:
+                    started = time.perf_counter()
+                    following = steps[-1] + 1
+                    later: tuple[list[int], RowPlan] | None = None
+                    if following < end and job.state == READY:
+                        # The next block's row buffers are laid out (in a chunk-io thread) while
+                        # this block's batches are assembled and sent: an epoch's first read of
+                        # a chunk costs the stream no wait where the work overlaps (bench/,
+                        # wire section). Its errors are the next block's own to raise.
+                        nxt = await block(following)
+                        later = (nxt, await self.plan(job, nxt, rank, world_size, context))
+                        ahead = asyncio.create_task(self.open_ahead(job, later[1]))
+                    size, seq_len = job.schedule.batch_size(steps[0]), plans.seq_len(steps[0])
+                    per = stream_group(size // world_size, seq_len)
+                    for i, part in enumerate(job.split_plan(plan, len(steps), per)):
+                        group = steps[i * per : (i + 1) * per]
+                        batches = await self.serialized(job, part, group, rank, world_size)
+                        per_batch = (time.perf_counter() - started) / len(group)
+                        for batch in batches:
+                            seconds.observe(per_batch)
+                            await ready.put(batch)
+                        started = time.perf_counter()
+                    if following >= end:
+                        break
+                    if later is None:
+                        steps = await block(following)
+                        plan = await self.plan(job, steps, rank, world_size, context)
+                    else:
+                        steps, plan = later
+                        if ahead is not None:
+                            await ahead
+                await ready.put(None)
+            except Exception as exc:  # handed to the sender, which aborts the stream with it
+                await ready.put(exc)
+            finally:
+                if ahead is not None:
+                    ahead.cancel()
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (item := await ready.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            producer.cancel()
