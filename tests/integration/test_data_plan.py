@@ -207,6 +207,11 @@ def test_hostile_changes_are_refused_and_change_nothing(runs):
         ({"start_step": 1}, grpc.StatusCode.FAILED_PRECONDITION, "frozen"),
         ({"start_step": far, "expected_version": 1}, grpc.StatusCode.ABORTED, "version"),
         ({"start_step": far, "global_batch_size": -3}, grpc.StatusCode.INVALID_ARGUMENT, ">= 1"),
+        (
+            {"start_step": far, "packing": "padded"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "packing must be one of concat, best_fit",
+        ),
     ]
     for fields, code, words in bad:
         with pytest.raises(grpc.RpcError) as e:
@@ -295,3 +300,84 @@ def test_a_context_extension_phase_serves_every_token_once_per_epoch(tmp_path, t
         assert every.min() == 2 and every.max() <= 3
     finally:
         proc.stop()
+
+
+def coverage_across_changes(tmp_path, texts, name, spec: dict, changes: list[dict], fits: int):
+    """Serve documents of fewer than `fits` tokens under `spec`, append `changes`, and read
+    steps until every document token has been an input twice: returns the coverage and the
+    shape of each step's rows. Each step is also checked: the same rows for 1, 2 and 4 ranks,
+    and Explain's pieces equal the tokens in the rows."""
+    from support import TOKENIZER
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+    # Short documents (pieces of the texts), so that best-fit rows never split one: then every
+    # document token is an input of its row (a split piece's last slot is a label only).
+    pieces = [t[i : i + 3 * fits] for t in texts[:80] for i in range(0, len(t), 3 * fits)]
+    encoded = tok.encode_batch(pieces, add_special_tokens=False)
+    docs = [t for t, e in zip(pieces, encoded, strict=True) if 0 < len(e.ids) < fits][:150]
+    root = tmp_path / name
+    root.mkdir()
+    write_jsonl(root / "part.jsonl", docs)
+    spec = {**spec, **{"sources": [str(root / "*.jsonl")]}}
+    proc = serve(tmp_path, name, spec)
+    shapes: dict[int, tuple[int, ...]] = {}
+    try:
+        for change in changes:
+            amend(proc, **change)
+        ids_of = {
+            f"line {i + 1}": e.ids
+            for i, e in enumerate(tok.encode_batch(docs, add_special_tokens=False))
+        }
+        coverage = {k: np.zeros(len(v), dtype=np.int64) for k, v in ids_of.items()}
+        with proc.client("main") as c:
+            step = 0
+            while min(int(v.min()) for v in coverage.values()) < 2 and step < 400:
+                batch = c.get_batch(step)
+                ids = batch["input_ids"]
+                shapes[step] = ids.shape
+                for world in (2, 4):
+                    parts = [c.get_batch(step, r, world)["input_ids"] for r in range(world)]
+                    assert np.array_equal(np.concatenate(parts), ids)
+                for row, why in zip(ids, c.explain(step)["rows"], strict=True):
+                    for p in why["pieces"]:
+                        ts, te = int(p["token_start"]), int(p["token_end"])
+                        rs, re = int(p["row_start"]), int(p["row_end"])
+                        assert row[rs:re].tolist() == ids_of[p["record"]][ts:te]
+                        coverage[p["record"]][ts:te] += 1
+                step += 1
+        return np.concatenate(list(coverage.values())), shapes
+    finally:
+        proc.stop()
+
+
+def test_a_phase_that_changes_to_best_fit_serves_every_token_once_per_epoch(tmp_path, texts):
+    """concat at seq_len 64, then best_fit at 256 from step 6: the rows the last window of
+    the concat phase had not served are read first (cut at 256, the last one padded), then
+    whole chunks' best-fit rows; over two epochs every token is an input twice (or three
+    times: the third epoch's first tokens), never once or four times."""
+    spec = job_spec([], seq_len=64, global_batch_size=4, chunk_bytes="8KiB")
+    every, shapes = coverage_across_changes(
+        tmp_path,
+        texts,
+        "tobf",
+        spec,
+        [{"start_step": 6, "seq_len": 256, "packing": "best_fit"}],
+        250,
+    )
+    assert {s for s, shape in shapes.items() if shape == (4, 64)} == set(range(6))
+    assert all(shape == (4, 256) for s, shape in shapes.items() if s >= 6)
+    assert every.min() == 2 and every.max() <= 3
+
+
+def test_best_fit_phases_may_change_seq_len_and_go_back_to_concat(tmp_path, texts):
+    """best_fit at 64, best_fit at 128 from step 5, concat at 96 from step 12: every token is
+    an input twice over two epochs across both changes."""
+    spec = job_spec([], seq_len=64, global_batch_size=4, chunk_bytes="8KiB", packing="best_fit")
+    changes = [
+        {"start_step": 5, "seq_len": 128},
+        {"start_step": 12, "seq_len": 96, "packing": "concat"},
+    ]
+    every, shapes = coverage_across_changes(tmp_path, texts, "frombf", spec, changes, 60)
+    assert [shapes[s][1] for s in (0, 4, 5, 11, 12)] == [64, 64, 128, 128, 96]
+    assert every.min() == 2 and every.max() <= 3

@@ -413,7 +413,13 @@ FULL = {
             **{"seq_len": 1, "global_batch_size": 2, "batch_multiple_of": 2, "weights": {"d2": 2}},
             **{"text_field": "body", "chunk_bytes": "4MiB"},
             "schedule": [
-                {"start_step": 3, "weights": {"d1": 2.5}, "global_batch_size": 4, "seq_len": 2}
+                {
+                    "start_step": 3,
+                    "weights": {"d1": 2.5},
+                    "global_batch_size": 4,
+                    "seq_len": 2,
+                    "packing": "best_fit",
+                }
             ],
         },
     },
@@ -432,6 +438,7 @@ def test_the_known_keys_are_the_keys_the_parser_reads():
     cfg = from_dict(copy.deepcopy(FULL), base="/base")
     assert [j.name for j in cfg.jobs] == ["a", "b"]
     assert cfg.jobs[1].batch_multiple_of == 2
+    assert [p.packing for p in cfg.jobs[1].phases] == [None, "best_fit"]
 
 
 # ---------------------------------------------------------------- the documented example

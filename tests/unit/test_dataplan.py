@@ -4,6 +4,7 @@ schedule that leaves earlier phases (and their datasets' apportionment) untouche
 
 from __future__ import annotations
 
+import json
 import threading
 from fractions import Fraction
 
@@ -95,6 +96,7 @@ def test_an_amendment_may_add_a_dataset_which_earlier_phases_do_not_know():
         (Amendment(20, global_batch_size=7), RequestError, "multiple of batch_multiple_of 2"),
         (Amendment(20, global_batch_size=0), RequestError, ">= 1"),
         (Amendment(20, seq_len=0), RequestError, ">= 1"),
+        (Amendment(20, packing="bestfit"), RequestError, "concat, best_fit"),
     ],
 )
 def test_bad_amendments_say_what_to_fix(change, error, words):
@@ -103,10 +105,22 @@ def test_bad_amendments_say_what_to_fix(change, error, words):
         amend(DataPlan.from_spec(s), change, 10, 7, s)
 
 
-def test_best_fit_refuses_a_change_of_sequence_length():
+def test_a_phase_may_change_the_packing_and_says_so_only_where_it_differs():
     s = spec(packing="best_fit")
-    with pytest.raises(RequestError, match="packing: concat"):
-        amend(DataPlan.from_spec(s), Amendment(20, seq_len=32), 0, 0, s)
+    plan = DataPlan.from_spec(s)
+    longer, _ = amend(plan, Amendment(20, seq_len=32), 0, 0, s)
+    assert (longer.phases[-1].seq_len, longer.phases[-1].packing) == (32, "")
+    concat, _ = amend(longer, Amendment(30, packing="concat"), 0, 0, s)
+    assert (concat.phases[-1].seq_len, concat.phases[-1].packing) == (32, "concat")
+    # the next phase keeps the packing of the phase before it, not the job's
+    kept, _ = amend(concat, Amendment(40, global_batch_size=8), 0, 0, s)
+    assert kept.phases[-1].packing == "concat"
+    back, _ = amend(kept, Amendment(50, packing="best_fit"), 0, 0, s)
+    assert back.phases[-1].packing == ""
+    log = PlanLog("j", "id", 2, 2, -1, -1, back)
+    stored = json.loads(log.to_bytes())
+    assert PlanLog.from_bytes(log.to_bytes(), "test").plan == back
+    assert [p.get("packing") for p in stored["phases"]] == [None, None, "concat", "concat", None]
 
 
 def test_the_log_round_trips_and_the_config_merges_into_it():

@@ -133,11 +133,12 @@ class AsyncClient(ClientBase):
         add: Sequence[Mapping[str, Any]] | None = None,
         expected_version: int = 0,
         job: str | None = None,
+        packing: str | None = None,
     ) -> dict:
         """See `Client.amend_plan`."""
         name = self._job(job)
         request = self._amend_request(
-            name, start_step, weights, global_batch_size, seq_len, add, expected_version
+            name, start_step, weights, global_batch_size, seq_len, add, expected_version, packing
         )
         _, info = await self._unary("AmendPlan", request, name, 0, None)
         return _to_dict(info)

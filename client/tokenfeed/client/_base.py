@@ -113,6 +113,7 @@ class ClientBase:
         seq_len: int | None,
         add: Sequence[Mapping[str, Any]] | None,
         expected_version: int,
+        packing: str | None = None,
     ) -> pb.AmendPlanRequest:
         """AmendPlan's request (docs/data-plan.md): weights by dataset name (numbers or
         rationals as strings: "1/3"), new datasets as {name, sources: [path | {path, format,
@@ -140,6 +141,7 @@ class ClientBase:
             ],
             add=new,
             expected_version=expected_version,
+            packing=packing or "",
         )
 
     def _job(self, job: str | None) -> str:

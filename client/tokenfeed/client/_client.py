@@ -182,14 +182,16 @@ class Client(ClientBase):
         add: Sequence[Mapping[str, Any]] | None = None,
         expected_version: int = 0,
         job: str | None = None,
+        packing: str | None = None,
     ) -> dict:
         """Append a phase to the job's data plan from `start_step` on (AmendPlan; an admin
         token when the servers check tokens): what it leaves out carries over from the phase
-        before it. Through one server: with a shared store every server follows; without one,
+        before it (`packing`: "concat" or "best_fit", with or without another `seq_len`).
+        Through one server: with a shared store every server follows; without one,
         `tokenfeed plan append` applies a change to each server of a target."""
         name = self._job(job)
         request = self._amend_request(
-            name, start_step, weights, global_batch_size, seq_len, add, expected_version
+            name, start_step, weights, global_batch_size, seq_len, add, expected_version, packing
         )
         _, info = self._unary("AmendPlan", request, name, 0, None)
         return _to_dict(info)

@@ -256,20 +256,22 @@ class GetPlanRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
 
 class PlanPhase(_message.Message):
-    __slots__ = ("start_step", "global_batch_size", "seq_len", "datasets", "weights", "fingerprint")
+    __slots__ = ("start_step", "global_batch_size", "seq_len", "datasets", "weights", "fingerprint", "packing")
     START_STEP_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PACKING_FIELD_NUMBER: _ClassVar[int]
     start_step: int
     global_batch_size: int
     seq_len: int
     datasets: _containers.RepeatedScalarFieldContainer[str]
     weights: _containers.RepeatedScalarFieldContainer[str]
     fingerprint: str
-    def __init__(self, start_step: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., datasets: _Optional[_Iterable[str]] = ..., weights: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    packing: str
+    def __init__(self, start_step: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., datasets: _Optional[_Iterable[str]] = ..., weights: _Optional[_Iterable[str]] = ..., fingerprint: _Optional[str] = ..., packing: _Optional[str] = ...) -> None: ...
 
 class DatasetConsumption(_message.Message):
     __slots__ = ("dataset", "rows", "tokens")
@@ -336,7 +338,7 @@ class NewDataset(_message.Message):
     def __init__(self, name: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[NewDatasetSource, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class AmendPlanRequest(_message.Message):
-    __slots__ = ("job", "start_step", "global_batch_size", "seq_len", "weights", "add", "expected_version")
+    __slots__ = ("job", "start_step", "global_batch_size", "seq_len", "weights", "add", "expected_version", "packing")
     JOB_FIELD_NUMBER: _ClassVar[int]
     START_STEP_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +346,7 @@ class AmendPlanRequest(_message.Message):
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PACKING_FIELD_NUMBER: _ClassVar[int]
     job: str
     start_step: int
     global_batch_size: int
@@ -351,4 +354,5 @@ class AmendPlanRequest(_message.Message):
     weights: _containers.RepeatedCompositeFieldContainer[DatasetWeight]
     add: _containers.RepeatedCompositeFieldContainer[NewDataset]
     expected_version: int
-    def __init__(self, job: _Optional[str] = ..., start_step: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[DatasetWeight, _Mapping]]] = ..., add: _Optional[_Iterable[_Union[NewDataset, _Mapping]]] = ..., expected_version: _Optional[int] = ...) -> None: ...
+    packing: str
+    def __init__(self, job: _Optional[str] = ..., start_step: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seq_len: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[DatasetWeight, _Mapping]]] = ..., add: _Optional[_Iterable[_Union[NewDataset, _Mapping]]] = ..., expected_version: _Optional[int] = ..., packing: _Optional[str] = ...) -> None: ...

@@ -46,7 +46,12 @@ def add_parser(sub: Any) -> None:
         "keeps its weight from the phase before (0 drops one)",
     )
     app.add_argument("--global-batch-size", type=int, help="omitted: the phase before's")
-    app.add_argument("--seq-len", type=int, help="omitted: the phase before's (concat only)")
+    app.add_argument("--seq-len", type=int, help="omitted: the phase before's")
+    app.add_argument(
+        "--packing",
+        choices=("concat", "best_fit"),
+        help="omitted: the phase before's; each dataset's rows continue where they stopped",
+    )
     app.add_argument(
         "--add-dataset",
         action="append",
@@ -96,13 +101,15 @@ def describe(info: dict) -> str:
     lines = [
         f"job {info['job']}: data plan version {info['version']}, frozen through step "
         f"{info['horizon']} (served through step {info['served']}); log {info['log']}",
-        f"{'from step':>10}  {'batch':>6}  {'seq_len':>7}  {'fingerprint':<16}  weights",
+        f"{'from step':>10}  {'batch':>6}  {'seq_len':>7}  {'packing':<8}  {'fingerprint':<16}  "
+        "weights",
     ]
     for k, p in enumerate(info["phases"]):
         weights = ", ".join(f"{d}={w}" for d, w in zip(p["datasets"], p["weights"], strict=True))
         mark = "*" if k == info["phase"] else " "
         lines.append(
             f"{mark}{p['start_step']:>9}  {p['global_batch_size']:>6}  {p['seq_len']:>7}  "
+            f"{p.get('packing', ''):<8}  "
             f"{p['fingerprint'][:16]:<16}  {weights}"
         )
     lines.append(f"consumed by the steps before step {info['step']} (* the phase in force):")
@@ -126,6 +133,7 @@ def cmd_append(args: argparse.Namespace) -> int:
         "weights": _weights(args.weights),
         "global_batch_size": args.global_batch_size,
         "seq_len": args.seq_len,
+        "packing": args.packing,
         "add": _datasets(args.add_dataset),
         "expected_version": args.expect_version,
     }

@@ -24,6 +24,7 @@ from tokenfeed.server.errors import ConfigError, PlanFrozenError, RequestError
 from tokenfeed.server.settings.config import DatasetSpec, JobSpec, SourceSpec
 
 LOG_FORMAT = 1
+PACKINGS = ("concat", "best_fit")
 # What a log's history keeps: the newest entries (the plan itself is always whole).
 HISTORY_ENTRIES = 200
 
@@ -36,12 +37,16 @@ class PlanPhase:
     # One exact weight per dataset known at this phase, in the plan's dataset order: a phase
     # knows every dataset of the phases before it, and those it adds.
     weights: tuple[Fraction, ...]
+    # "concat" or "best_fit" from this phase on; "": the job's own (what a config's phases and
+    # every phase appended before packing could change have)
+    packing: str = ""
 
     def describe(self, names: list[str]) -> str:
         shares = ", ".join(f"{n}={w}" for n, w in zip(names, self.weights, strict=False))
+        packing = f", packing {self.packing}" if self.packing else ""
         return (
             f"from step {self.start_step}: global_batch_size {self.global_batch_size}, "
-            f"seq_len {self.seq_len}, weights {shares}"
+            f"seq_len {self.seq_len}{packing}, weights {shares}"
         )
 
 
@@ -54,11 +59,15 @@ class DataPlan:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> DataPlan:
-        """Version 1: the config's datasets and schedule (a phase's seq_len is the job's unless
-        the phase names its own)."""
+        """Version 1: the config's datasets and schedule (a phase's seq_len and packing are the
+        job's unless the phase names its own)."""
         phases = tuple(
             PlanPhase(
-                p.start_step, p.global_batch_size, p.seq_len or spec.seq_len, tuple(p.weights)
+                p.start_step,
+                p.global_batch_size,
+                p.seq_len or spec.seq_len,
+                tuple(p.weights),
+                p.packing if p.packing and p.packing != spec.packing else "",
             )
             for p in spec.phases
         )
@@ -96,6 +105,7 @@ class Amendment:
     seq_len: int | None = None
     weights: dict[str, Fraction] | None = None
     add: tuple[DatasetSpec, ...] = ()
+    packing: str | None = None  # "concat" or "best_fit"
 
 
 def amend(
@@ -162,13 +172,15 @@ def amend(
     seq_len = before.seq_len if change.seq_len is None else change.seq_len
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise RequestError(f"seq_len must be an integer >= 1, got {seq_len!r}")
-    if seq_len != before.seq_len and spec.packing != "concat":
+    packing = (before.packing or spec.packing) if change.packing is None else change.packing
+    if packing not in PACKINGS:
         raise RequestError(
-            f"seq_len cannot change under packing {spec.packing}: its rows are packed per chunk "
-            f"for one sequence length (job {spec.name} has seq_len {before.seq_len}); "
-            "a context-extension phase needs packing: concat"
+            f"packing must be one of {', '.join(PACKINGS)}, got {packing!r} (a phase of "
+            "another packing reads each dataset on from where the phase before left it)"
         )
-    phase = PlanPhase(at, batch, seq_len, weights)
+    # Stored only where it differs from the job's: the phases of a job that never changes its
+    # packing are written (and hashed into the plan's fingerprints) as before.
+    phase = PlanPhase(at, batch, seq_len, weights, "" if packing == spec.packing else packing)
     return DataPlan(tuple(datasets), (*kept, phase)), replaced
 
 
@@ -309,12 +321,15 @@ def merge_config(log: PlanLog, spec: JobSpec) -> tuple[DataPlan | None, str]:
 
 
 def _phase_json(p: PlanPhase) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "start_step": p.start_step,
         "global_batch_size": p.global_batch_size,
         "seq_len": p.seq_len,
         "weights": [str(w) for w in p.weights],
     }
+    if p.packing:
+        out["packing"] = p.packing
+    return out
 
 
 def _phase_from(p: dict[str, Any]) -> PlanPhase:
@@ -323,6 +338,7 @@ def _phase_from(p: dict[str, Any]) -> PlanPhase:
         int(p["global_batch_size"]),
         int(p["seq_len"]),
         tuple(Fraction(w) for w in p["weights"]),
+        str(p.get("packing", "")),
     )
 
 

@@ -40,7 +40,15 @@ def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
             job.assembler.chunk(d, c)  # its body (and provenance) in the cache
             provenance = job.store.provenance(idx.keys[c])
             pieces = pieces_of(
-                job, d, e, c, int(pc.lo[i]), int(pc.hi[i]), int(pc.at[i]), plan.seq_len
+                job,
+                d,
+                e,
+                c,
+                int(pc.lo[i]),
+                int(pc.hi[i]),
+                int(pc.at[i]),
+                plan.seq_len,
+                part.packing == "best_fit",
             )
             for doc, ts, te, rs, re in pieces:
                 uri, where = locate_record(
@@ -51,15 +59,24 @@ def explain_rows(job: Job, plan: RowPlan) -> list[dict[str, Any]]:
 
 
 def pieces_of(
-    job: Job, d: int, epoch: int, c: int, lo: int, hi: int, at: int, seq_len: int
+    job: Job,
+    d: int,
+    epoch: int,
+    c: int,
+    lo: int,
+    hi: int,
+    at: int,
+    seq_len: int,
+    best_fit: bool,
 ) -> list[tuple[int, int, int, int, int]]:
     """(document, token start, token end, row start, row end) of the documents in a piece
-    of chunk c (units [lo, hi) from row position `at`)."""
-    s, bos = job.spec, int(job.assembler.loaded_tokenizer.add_bos)
-    if s.packing != "best_fit":
+    of chunk c (units [lo, hi) from row position `at`; `best_fit`: unit lo is a best-fit
+    row at seq_len)."""
+    bos = int(job.assembler.loaded_tokenizer.add_bos)
+    if not best_fit:
         return packing.concat_pieces(job.assembler.stream(d, epoch, c), lo, hi, at, seq_len)
     r = lo  # a best_fit unit is a whole row
-    layout = job.assembler.bestfit_layout(d, c)
+    layout = job.assembler.bestfit_layout(d, c, seq_len)
     lengths = job.assembler.chunk(d, c).doc_lengths
     out = []
     for p in range(int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])):

@@ -35,6 +35,7 @@ from tokenfeed.server.jobs.backoff import with_backoff
 from tokenfeed.server.jobs.identity import JobIdentity
 from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
+from tokenfeed.server.jobs.shapes import ChunkShapes
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
 from tokenfeed.server.pack.assembly import Assembler
@@ -86,9 +87,13 @@ class Job:
         self.indexes: list[DatasetIndex] = []
         for d in self.plans.plan.datasets:
             self.indexes.append(self._index(d))
-        self.planner = Planner(spec, self.indexes, self.plans.schedule)
-        self._use_plan()
         self._building: tuple[asyncio.AbstractEventLoop, Executor, int, bool] | None = None
+        # A phase that changes the packing reads the datasets' documents (jobs/shapes.py).
+        self.shapes = ChunkShapes(
+            spec.name, spec.seed, self.indexes, self._doc_lengths, self._add_bos, self._counted
+        )
+        self.planner = Planner(spec, self.indexes, self.plans.schedule, self.shapes)
+        self._use_plan()
         self.assembler = Assembler(
             spec,
             self.indexes,
@@ -158,8 +163,35 @@ class Job:
             self.plans.schedule,
             self.plans.step_limit(MAX_STEP),
             self.plans.seq_len,
-            [(p.start_step, p.seq_len) for p in plan.phases],
+            [(p.start_step, p.seq_len, p.packing) for p in plan.phases],
         )
+        self._count_shapes()
+
+    def _count_shapes(self) -> None:
+        """Start counting the best-fit rows a phase of another packing or seq_len needs, as
+        soon as the plan has it (the phase starts at least plan_freeze_steps later)."""
+        for p in self.plans.plan.phases:
+            if (p.packing or self.spec.packing) != "best_fit":
+                continue
+            for d, idx in enumerate(self.indexes):
+                own = self.spec.packing == "best_fit" and idx.seq_len == p.seq_len
+                if idx.state == READY and not own and getattr(self, "tokenizer", None):
+                    self.shapes.count(d, p.seq_len)
+
+    def _doc_lengths(self, d: int, c: int) -> np.ndarray:
+        """Runs in a thread: the document lengths of chunk c of dataset d."""
+        return np.array(self.indexes[d].open_body(c)[1].doc_lengths, dtype=np.int64)
+
+    def _add_bos(self) -> bool:
+        if self.tokenizer is None:
+            raise NotBuiltError((f"job {self.name}: its tokenizer is not loaded yet", 5.0))
+        return self.tokenizer.add_bos
+
+    def _counted(self) -> None:
+        """From a thread: a count a phase of another packing waited for is done."""
+        building = self._building
+        if building is not None:
+            building[0].call_soon_threadsafe(self._on_built)
 
     def _build_added(
         self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool
@@ -308,6 +340,7 @@ class Job:
                 self.store.cache.claim(self.name, self.working_set(parallel), f"job {self.name}")
             except CacheTooSmallError as e:
                 self.fail(str(e))
+            self._count_shapes()
 
     async def servable(self) -> None:
         """Returns once step 0 can be served (its windows are built), or the build has ended."""

@@ -134,6 +134,7 @@ class JobPlan:
             text = "\n".join(
                 [
                     f"phase={p.start_step}|{p.global_batch_size}|{p.seq_len}",
+                    *([f"packing={p.packing}"] if p.packing else []),
                     *(f"weight={n}={w}" for n, w in zip(names, p.weights, strict=False)),
                     *(f"dataset={fp}" for fp in added),
                 ]

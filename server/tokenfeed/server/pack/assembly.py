@@ -93,7 +93,7 @@ class Assembler:
         # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
         # per (dataset, chunk).
         self._streams: LRU[tuple[int, int, int], packing.ChunkStream] = LRU(512)
-        self._layouts: LRU[tuple[int, int], bestfit.BestFitLayout] = LRU(512)
+        self._layouts: LRU[tuple[int, int, int], bestfit.BestFitLayout] = LRU(512)
         self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
         # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
         # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
@@ -137,21 +137,22 @@ class Assembler:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs. Row buffers
         are laid out in one task, from the last position of an epoch to the first: a buffer's
         tail is then cut from the next buffer, laid out just before (bench/, wire section)."""
-        missing: list[Callable[[], object]]
-        if self.spec.packing == "concat":  # laid out in the epoch's order, with their tails
-            keys = sorted(
-                (k for k in plan.buffers if not self.buffers.contains(k[:3])),
-                key=lambda k: (_dataset(k[0]), _segment(k[0]), k[1], k[3]),
-                reverse=True,
-            )
-            missing = [partial(self._row_buffers, keys)] if keys else []
-        else:
-            chunks = {
-                (_dataset(key), c)
-                for key, _, c, _ in plan.buffers
-                if not self.tokens.contains((_dataset(key), c))
-            }
-            missing = [partial(self.bestfit_tokens, d, c) for d, c in chunks]
+        missing: list[Callable[[], object]] = []
+        # Row buffers (concat rows and carry rows) are laid out in the epoch's order, with
+        # their tails; best_fit rows read their chunks' tokens.
+        keys = sorted(
+            {k for k in _buffers(plan, bestfit=False) if not self.buffers.contains(k[:3])},
+            key=lambda k: (_dataset(k[0]), _segment(k[0]), k[1], k[3]),
+            reverse=True,
+        )
+        if keys:
+            missing.append(partial(self._row_buffers, keys))
+        chunks = {
+            (_dataset(key), c)
+            for key, _, c, _ in _buffers(plan, bestfit=True)
+            if not self.tokens.contains((_dataset(key), c))
+        }
+        missing += [partial(self.bestfit_tokens, d, c) for d, c in chunks]
         if missing:
             loop = asyncio.get_running_loop()
             try:
@@ -174,19 +175,51 @@ class Assembler:
             hit = np.nonzero(part.slots == 0)[0]
             if hit.size:
                 first_epoch = int(part.epochs[hit[0]])
-        if self.spec.packing == "best_fit":
+        kinds = {p.packing for p in plan.parts}
+        if kinds == {"best_fit"}:
             return first_epoch, wire.compact_from_tensors(
                 self._assemble_bestfit(plan), self.wire_dtype
             )
-        ids, starts, splits = packing.assemble_rows(
-            plan.rows,
-            plan.seq_len,
-            [(p.key, p.slots, p.starts) for p in plan.parts],
-            self.row_buffer,
-            self.wire_dtype,
-        )
-        pdtype = wire.position_dtype(plan.seq_len)
-        return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
+        if kinds == {"concat"}:
+            ids, starts, splits = packing.assemble_rows(
+                plan.rows,
+                plan.seq_len,
+                [(p.key, p.slots, p.starts) for p in plan.parts],
+                self.row_buffer,
+                self.wire_dtype,
+            )
+            pdtype = wire.position_dtype(plan.seq_len)
+            return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
+        # A phase that changed the packing: padded carry rows beside concat or best_fit rows.
+        return first_epoch, wire.compact_from_tensors(self._assemble_mixed(plan), self.wire_dtype)
+
+    def _assemble_mixed(self, plan: RowPlan) -> dict[str, np.ndarray]:
+        L, eos = plan.seq_len, self.loaded_tokenizer.eos_id
+        out = {name: np.empty((plan.rows, L), dtype=np.int32) for name in packing.TENSOR_NAMES}
+        bestfit_parts = [p for p in plan.parts if p.packing == "best_fit"]
+        if bestfit_parts:
+            self._bestfit_into(out, bestfit_parts, L)
+        for part in plan.parts:
+            if part.packing == "best_fit":
+                continue
+            n = len(part.slots)
+            if part.packing == "concat":
+                ids, starts, splits = packing.assemble_rows(
+                    n, L, [(part.key, np.arange(n), part.starts)], self.row_buffer, np.int32
+                )
+                mask = np.zeros(ids.shape, dtype=bool)
+                mask[np.repeat(np.arange(n), np.diff(splits)), starts] = True
+                rows = packing.concat_tensors(ids, mask, L)
+            else:  # padded: slices of carry blocks, the last one ending early
+                s = part.starts
+                buffers = [
+                    self.row_buffer(part.key, int(e), int(c), int(q))
+                    for e, c, q in zip(s.epoch, s.chunk, s.position, strict=True)
+                ]
+                rows = packing.padded_rows(buffers, s.lo, L, eos)
+            for name, arr in rows.items():
+                out[name][part.slots] = arr
+        return out
 
     def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
@@ -205,29 +238,34 @@ class Assembler:
         ]
 
     def _assemble_bestfit(self, plan: RowPlan) -> dict[str, np.ndarray]:
-        s, t = self.spec, self.loaded_tokenizer
         out = {
-            name: np.empty((plan.rows, s.seq_len), dtype=np.int32) for name in packing.TENSOR_NAMES
+            name: np.empty((plan.rows, plan.seq_len), dtype=np.int32)
+            for name in packing.TENSOR_NAMES
         }
-        for part in plan.parts:
+        self._bestfit_into(out, plan.parts, plan.seq_len)
+        return out
+
+    def _bestfit_into(self, out: dict[str, np.ndarray], parts: Sequence[Any], L: int) -> None:
+        """Best-fit rows of `parts` (at seq_len L) into their slots of `out`."""
+        t = self.loaded_tokenizer
+        for part in parts:
             pc = part.starts  # a best_fit unit is a row: `lo` is the row within its chunk
             for c in dict.fromkeys(pc.chunk.tolist()):
                 sel = pc.chunk == c
-                chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c)
+                chunk, layout = self.chunk(part.dataset, c), self.bestfit_layout(part.dataset, c, L)
                 tokens = self.bestfit_tokens(part.dataset, c)
                 rows = bestfit.bestfit_rows_at(
                     layout,
                     chunk.doc_offsets,
                     tokens,
                     pc.lo[sel],
-                    s.seq_len,
+                    L,
                     t.bos_id,
                     t.eos_id,
                     t.eos_id,
                 )
                 for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
                     out[name][part.slots[sel]] = arr
-        return out
 
     # ---------------------------------------------------------------- opened chunks
 
@@ -393,13 +431,31 @@ class Assembler:
         """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
         return self.tokens.get_or_make((d, c), lambda: np.array(self._verified(d, c).tokens))
 
-    def bestfit_layout(self, d: int, c: int) -> bestfit.BestFitLayout:
-        # best-fit rows do not depend on the epoch's document order (the rows are permuted)
+    def bestfit_layout(self, d: int, c: int, seq_len: int | None = None) -> bestfit.BestFitLayout:
+        """Chunk c's best-fit layout at `seq_len` (the job's by default; a phase may change
+        it). Best-fit rows do not depend on the epoch's document order (the rows are
+        permuted)."""
+        L = self.spec.seq_len if seq_len is None else seq_len
+
         def make() -> bestfit.BestFitLayout:
             lengths = self.chunk(d, c).doc_lengths
-            return bestfit.bestfit_layout(lengths, self.spec.seq_len, self.loaded_tokenizer.add_bos)
+            return bestfit.bestfit_layout(lengths, L, self.loaded_tokenizer.add_bos)
 
-        return self._layouts.get_or_make((d, c), make)
+        return self._layouts.get_or_make((d, c, L), make)
+
+
+def _buffers(plan: RowPlan, bestfit: bool) -> set[tuple[Any, int, int, int]]:
+    """(dataset key, epoch, chunk, position) of the chunks (or carry blocks) a plan's rows start
+    in: those of its best_fit rows, or those of the others (row buffers)."""
+    if all((p.packing == "best_fit") == bestfit for p in plan.parts):
+        return set(plan.buffers)
+    out: set[tuple[Any, int, int, int]] = set()
+    for p in plan.parts:
+        if (p.packing == "best_fit") == bestfit:
+            s = p.starts
+            cols = (s.epoch.tolist(), s.chunk.tolist(), s.position.tolist())
+            out.update((p.key, e, c, q) for e, c, q in zip(*cols, strict=True))
+    return out
 
 
 def _dataset(key: int | tuple[int, int]) -> int:

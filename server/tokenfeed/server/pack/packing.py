@@ -148,6 +148,32 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
     }
 
 
+def padded_rows(
+    buffers: Sequence[RowBuffer], los: np.ndarray, seq_len: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    """The int32 tensors of rows cut from laid-out runs of a stream that end where the run does
+    (a best_fit segment's carry rows: sampling/segments.py): row i is positions [los[i],
+    los[i] + seq_len + 1) of buffers[i], or fewer, the rest of the row padding (`pad_id`,
+    position and segment 0, no loss), as best_fit pads."""
+    k, span = len(buffers), seq_len + 1
+    ids = np.full((k, span), pad_id, dtype=np.int32)
+    mask = np.zeros((k, span), dtype=bool)
+    used = np.empty(k, dtype=np.int64)
+    for i, (buf, lo) in enumerate(zip(buffers, np.asarray(los).tolist(), strict=True)):
+        piece = buf.cut(lo, min(lo + span, len(buf.ids)))
+        n = len(piece.ids)
+        ids[i, :n] = piece.ids
+        mask[i, piece.starts] = True
+        used[i] = n
+    out = concat_tensors(ids, mask, seq_len)
+    col = np.arange(seq_len)
+    pad = col[None, :] >= used[:, None]
+    out["loss_mask"] = (col[None, :] + 1 < used[:, None]).astype(np.int32)
+    out["position_ids"] = np.where(pad, 0, out["position_ids"]).astype(np.int32)
+    out["segment_ids"] = np.where(pad, 0, out["segment_ids"]).astype(np.int32)
+    return out
+
+
 @dataclass(frozen=True)
 class RowBuffer:
     """Stream positions laid out as token ids (in the wire's dtype), with the sorted positions

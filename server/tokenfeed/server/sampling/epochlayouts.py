@@ -8,6 +8,7 @@ over it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,7 +16,14 @@ import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import NotBuiltError
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.segments import Segment, first_segment, next_segment
+from tokenfeed.server.sampling.segments import (
+    BEST_FIT,
+    CONCAT,
+    Geometry,
+    Segment,
+    first_segment,
+    next_segment,
+)
 
 if TYPE_CHECKING:
     from tokenfeed.server.sampling.mixture import Schedule
@@ -53,12 +61,48 @@ class DatasetUnits(Protocol):
     @property
     def span(self) -> int: ...
 
+    @property
+    def seq_len(self) -> int: ...
+
     def not_built(self, job: str, step: int, need: int) -> tuple[str, float]: ...
 
 
+class ChunkShapes(Protocol):
+    """What a phase that changes the packing reads of a dataset's documents (jobs/shapes.py):
+    per chunk, its units in the concat stream and its best-fit rows at a seq_len (NotBuiltError
+    while they are being counted), and where a best-fit row's pieces lie in the concat stream."""
+
+    def concat_units(self, d: int) -> np.ndarray: ...
+
+    def bestfit_units(self, d: int, seq_len: int) -> np.ndarray: ...
+
+    def bestfit_stretches(
+        self, d: int, seq_len: int, epoch: int, chunks: np.ndarray, rows: np.ndarray
+    ) -> list[list[tuple[int, int]]]: ...
+
+
+@dataclass(frozen=True)
+class Grid:
+    """How a segment's rows are cut from its units: units per chunk and per epoch, a row every
+    `per_row` units reading `span`, its own row 0 at unit `origin`."""
+
+    units_per_chunk: np.ndarray
+    units_per_epoch: int
+    per_row: int
+    span: int
+    origin: int
+
+
 class EpochLayouts:
-    def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
+    def __init__(
+        self,
+        spec: JobSpec,
+        indexes: Sequence[DatasetUnits],
+        schedule: Schedule,
+        shapes: ChunkShapes | None = None,
+    ):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
+        self.shapes = shapes
         self._layouts: LRU[tuple[Any, ...], order.EpochLayout] = LRU(4 * len(indexes))
         # Windows' row orders: many small ones when chunks are small (a window of 8 chunks of
         # 1 KB documents holds a row or two), so bounded by bytes, not by a handful of windows.
@@ -66,47 +110,124 @@ class EpochLayouts:
             WINDOWS_KEPT * len(indexes), WINDOW_BYTES * len(indexes)
         )
         self._tails: LRU[tuple[int, int, int, int, int], tuple[int, ...]] = LRU(4096)
-        # (start step, seq_len) of each phase: where a dataset's segments begin.
-        self.phases: list[tuple[int, int]] = [(0, spec.seq_len)]
+        # (start step, seq_len, packing) of each phase: where a dataset's segments begin.
+        self.phases: list[tuple[int, int, str]] = [(0, spec.seq_len, spec.packing)]
         self._segments: dict[int, tuple[object, int, list[Segment]]] = {}
+        self._grids: dict[tuple[int, int], tuple[object, int, Grid]] = {}
 
-    def use(self, schedule: Schedule, phases: list[tuple[int, int]]) -> None:
-        self.schedule, self.phases = schedule, phases
+    def use(self, schedule: Schedule, phases: Sequence[tuple[Any, ...]]) -> None:
+        """A new plan: its schedule and the (start step, seq_len[, packing]) of each phase."""
+        self.schedule = schedule
+        self.phases = [
+            (int(p[0]), int(p[1]), str(p[2]) if len(p) > 2 and p[2] else self.spec.packing)
+            for p in phases
+        ]
 
     def segments(self, d: int) -> list[Segment]:
         """Dataset d's segments under the current schedule: a new one at each phase that
-        changes the sequence length after the dataset is known. Past the first, they need the
-        whole index (their carries are computed from full epoch layouts): while it builds only
-        the first is known."""
+        changes the sequence length or the packing after the dataset is known. Past the first,
+        they need the whole index (their carries are computed from full epoch layouts): while
+        it builds only the first is known. NotBuiltError while one needs its documents counted
+        (a change of packing: jobs/shapes.py)."""
         schedule, idx = self.schedule, self.indexes[d]
         cached = self._segments.get(d)
         version = -1 if idx.ready else idx.rows_built
         if cached is not None and cached[0] is schedule and cached[1] == version:
             return cached[2]
-        segs = [first_segment(idx.per_row if self.spec.packing == "concat" else idx.span)]
+        segs = [first_segment(idx.seq_len, self.spec.packing)]
         # Known so far while the later ones are computed (each needs its predecessor's layouts).
         self._segments[d] = (schedule, version, segs)
         if idx.ready:
-            for start, seq_len in self.phases:
-                if seq_len == segs[-1].seq_len or start == 0:
-                    continue
-                known = schedule.plan_at(start).known
-                if known <= d:
-                    continue
-                row = int(schedule.consumed(start)[d])
-                prev = segs[-1]
-                segs.append(
-                    next_segment(
-                        prev,
-                        row,
-                        seq_len,
-                        idx.units_per_epoch,
-                        partial(self.layout, d, segment=prev.index),
-                        partial(self._perm_of, d, prev.index),
-                    )
-                )
+            try:
+                for start, seq_len, packing in self.phases:
+                    last = segs[-1]
+                    if (seq_len, packing) == (last.seq_len, last.packing) or start == 0:
+                        continue
+                    known = schedule.plan_at(start).known
+                    if known <= d:
+                        continue
+                    row = int(schedule.consumed(start)[d])
+                    segs.append(next_segment(last, row, seq_len, packing, self._geometry(d, last)))
+            except BaseException:
+                del self._segments[d]
+                raise
         self._segments[d] = (schedule, version, segs)
         return segs
+
+    def _geometry(self, d: int, prev: Segment) -> Geometry:
+        grid = self.grid(d, prev.index)
+        return Geometry(
+            int(self.concat_units(d).sum()),
+            partial(self.concat_layout, d),
+            partial(self.layout, d, segment=prev.index),
+            partial(self._perm_of, d, prev.index),
+            grid.units_per_epoch,
+            grid.origin,
+            partial(self._stretches_of, d, prev.seq_len),
+        )
+
+    def _stretches_of(
+        self, d: int, seq_len: int, epoch: int, chunks: np.ndarray, rows: np.ndarray
+    ) -> list[list[tuple[int, int]]]:
+        return self._shapes().bestfit_stretches(d, seq_len, epoch, chunks, rows)
+
+    def _shapes(self) -> ChunkShapes:
+        if self.shapes is None:
+            raise RuntimeError(f"job {self.name} changes packing without its chunks' shapes")
+        return self.shapes
+
+    def concat_units(self, d: int) -> np.ndarray:
+        """Dataset d's units per chunk in its concat stream (the units every carry is in)."""
+        if self.spec.packing == CONCAT:
+            return self.indexes[d].units_per_chunk
+        return self._shapes().concat_units(d)
+
+    def concat_layout(self, d: int, epoch: int) -> order.EpochLayout:
+        """Epoch `epoch`'s layout of dataset d's concat stream (its chunks' places in it)."""
+        if self.spec.packing == CONCAT:
+            return self.layout(d, epoch)
+        version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
+
+        def make() -> order.EpochLayout:
+            units = self.concat_units(d)
+            s, name = self.spec, self.indexes[d].dataset.name
+            return order.epoch_layout(
+                units, s.seed, name, epoch, s.window_chunks, 1, int(units.sum())
+            )
+
+        return self._layouts.get_or_make((d, epoch, version, "concat"), make)
+
+    def grid(self, d: int, segment: int) -> Grid:
+        """How the rows of dataset d's `segment` are cut (cached per schedule)."""
+        idx = self.indexes[d]
+        if segment == 0:
+            return Grid(idx.units_per_chunk, idx.units_per_epoch, idx.per_row, idx.span, 0)
+        key = (d, segment)
+        cached = self._grids.get(key)
+        version = -1 if idx.ready else idx.rows_built
+        if cached is not None and cached[0] is self.schedule and cached[1] == version:
+            return cached[2]
+        seg = self.segments(d)[segment]
+        if seg.packing == CONCAT:
+            units = self.concat_units(d)
+            grid = Grid(units, int(units.sum()), seg.seq_len, seg.seq_len + 1, seg.origin)
+        else:
+            units = self._bestfit_units(d, seg.seq_len)
+            U = int(units.sum())
+            Uc = int(self.concat_units(d).sum())
+            epoch, offset = divmod(seg.start, Uc)
+            lay = self.concat_layout(d, epoch)
+            p = int(np.searchsorted(lay.units_cum, offset, side="left"))
+            before = int(units[lay.chunk_order[:p]].sum())
+            grid = Grid(units, U, 1, 1, epoch * U + before)
+        self._grids[key] = (self.schedule, version, grid)
+        return grid
+
+    def _bestfit_units(self, d: int, seq_len: int) -> np.ndarray:
+        idx = self.indexes[d]
+        if self.spec.packing == BEST_FIT and idx.seq_len == seq_len:
+            return idx.units_per_chunk
+        return self._shapes().bestfit_units(d, seq_len)
 
     def carry_block(self, d: int, segment: int, block: int) -> tuple[order.Pieces, list[int]]:
         """The pieces of chunks that carry block `block` of a segment is made of (the carry
@@ -119,6 +240,8 @@ class EpochLayouts:
         first = block * per_block
         last = min(first + per_block, seg.carry_rows) - 1
         lo, hi = first * L, last * L + L + 1
+        if seg.padded:  # the carry's last row ends with it
+            hi = min(hi, seg.carry_units)
         joins, at = [], 0
         for a, b in seg.virtual(lo, hi):
             if at:
@@ -137,12 +260,13 @@ class EpochLayouts:
         seg = segs[int(np.searchsorted([s.first_row for s in segs], rows[0], side="right")) - 1]
         idx = self.indexes[d]
         if not idx.ready and seg.index == 0 and len(self.phases) > 1:
-            later = [s for s, L in self.phases[1:] if L != seg.seq_len]
+            later = [s for s, L, p in self.phases[1:] if (L, p) != (seg.seq_len, seg.packing)]
             if later and step >= later[0]:
                 raise NotBuiltError(
                     (
-                        f"step {step} of job {self.name} changes the sequence length: it needs "
-                        f"dataset {idx.dataset.name}'s whole index, still being built",
+                        f"step {step} of job {self.name} changes the sequence length or the "
+                        f"packing: it needs dataset {idx.dataset.name}'s whole index, still "
+                        "being built",
                         5.0,
                     )
                 )
@@ -154,13 +278,13 @@ class EpochLayouts:
     def carry_pieces(self, d: int, seg: Segment, starts: np.ndarray, span: int) -> order.Pieces:
         """The pieces of chunks that positions [starts[i], starts[i] + span) of a segment's
         own sequence (its carry, then the stream) are made of; `row` indexes `starts`."""
-        idx = self.indexes[d]
-        lay = partial(self.layout, d, segment=seg.index)
+        lay = partial(self.concat_layout, d)
+        U = int(self.concat_units(d).sum())
         cols: list[list[np.ndarray]] = [[] for _ in range(6)]
         for i, v in enumerate(np.asarray(starts).tolist()):
             at = 0
             for a, b in seg.virtual(v, v + span):
-                pc = order.locate_units(np.array([a]), b - a, idx.units_per_epoch, lay)
+                pc = order.locate_units(np.array([a]), b - a, U, lay)
                 for c, col in enumerate(
                     (np.full(len(pc.row), i), pc.epoch, pc.chunk, pc.lo, pc.hi, pc.at + at)
                 ):
@@ -175,18 +299,13 @@ class EpochLayouts:
     def chunk_tail(self, d: int, epoch: int, position: int, segment: int = 0) -> order.Pieces:
         """What the row buffer of the chunk at `position` of `epoch` holds past the chunk's
         end (order.chunk_tail), in the grid of the dataset's `segment`."""
-        idx = self.indexes[d]
-        if segment == 0:
-            per_row, span = idx.per_row, idx.span
-        else:
-            per_row = self.segments(d)[segment].seq_len
-            span = per_row + 1
+        g = self.grid(d, segment)
         return order.chunk_tail(
             self.layout(d, epoch, segment),
             position,
-            idx.units_per_epoch,
-            per_row,
-            span,
+            g.units_per_epoch,
+            g.per_row,
+            g.span,
             partial(self.layout, d, segment=segment),
         )
 
@@ -206,22 +325,19 @@ class EpochLayouts:
         as the build advances."""
         idx, s = self.indexes[d], self.spec
         version = -1 if idx.ready else idx.rows_built
-        if segment == 0:
-            per_row, origin, grid = idx.per_row, 0, ""
-        else:
-            seg = self.segments(d)[segment]
-            per_row, origin, grid = seg.seq_len, seg.origin, seg.grid
+        g = self.grid(d, segment)
+        grid = self.segments(d)[segment].grid if segment else ""
 
         def make() -> order.EpochLayout:
             return order.epoch_layout(
-                idx.units_per_chunk,
+                g.units_per_chunk,
                 s.seed,
                 idx.dataset.name,
                 epoch,
                 s.window_chunks,
-                per_row,
-                idx.units_per_epoch or None,
-                origin,
+                g.per_row,
+                g.units_per_epoch or None,
+                g.origin,
                 grid,
             )
 

@@ -15,6 +15,7 @@ a carry block (a laid-out run of the carry's stretches) instead of a chunk's row
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -23,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenfeed.server.errors import NotBuiltError, RequestError
 from tokenfeed.server.sampling import order
-from tokenfeed.server.sampling.epochlayouts import CARRY_BLOCK_UNITS, DatasetUnits, EpochLayouts
+from tokenfeed.server.sampling.epochlayouts import (
+    CARRY_BLOCK_UNITS,
+    ChunkShapes,
+    DatasetUnits,
+    EpochLayouts,
+)
 
 if TYPE_CHECKING:
     from tokenfeed.server.sampling.mixture import Schedule
@@ -48,6 +54,10 @@ class RowPlanPart:
     # Carry rows: `units` are positions in the segment's own sequence, `starts` name carry
     # blocks (epoch -1, chunk: the block, lo: the row's offset in it).
     carry: bool = False
+    # How its rows are made: "concat" (one slice of a row buffer each), "best_fit" (a best-fit
+    # row of its chunk: `starts.lo` is the row within the chunk) or "padded" (a best_fit
+    # segment's carry rows: slices of a carry block, the last one padded).
+    packing: str = "concat"
 
     @property
     def key(self) -> int | tuple[int, int]:
@@ -78,10 +88,16 @@ class Planner:
     """The plans of one job: its schedule says which dataset row fills each place of a batch,
     each dataset's epoch layouts where that row's units live."""
 
-    def __init__(self, spec: JobSpec, indexes: Sequence[DatasetUnits], schedule: Schedule):
+    def __init__(
+        self,
+        spec: JobSpec,
+        indexes: Sequence[DatasetUnits],
+        schedule: Schedule,
+        shapes: ChunkShapes | None = None,
+    ):
         self.spec, self.name, self.indexes, self.schedule = spec, spec.name, indexes, schedule
         # EpochLayouts, window orders, tails and segments: their own module, shared with assembly.
-        self.layouts = EpochLayouts(spec, indexes, schedule)
+        self.layouts = EpochLayouts(spec, indexes, schedule, shapes)
         self.layout, self.window_perm = self.layouts.layout, self.layouts.window_perm
         self.chunk_tail, self.tail_chunks = self.layouts.chunk_tail, self.layouts.tail_chunks
         self.carry_block, self.segments = self.layouts.carry_block, self.layouts.segments
@@ -94,12 +110,12 @@ class Planner:
         schedule: Schedule,
         step_limit: int,
         seq_len: Callable[[int], int],
-        phases: list[tuple[int, int]] | None = None,
+        phases: Sequence[tuple[Any, ...]] | None = None,
     ) -> None:
         """A new version of the job's plan: its schedule, the first step past the servable
         ones (every row's stream units stay below MAX_STEP, so int64 arithmetic never
         overflows: about 5e11 steps of [1024, 8192]), the sequence length of a step, and
-        the (start step, seq_len) of each phase."""
+        the (start step, seq_len[, packing]) of each phase."""
         self.schedule, self.step_limit, self.seq_len = schedule, step_limit, seq_len
         self.layouts.use(schedule, phases if phases is not None else self.layouts.phases)
 
@@ -148,8 +164,8 @@ class Planner:
             starts = order.locate_starts(
                 units, self.indexes[d].units_per_epoch, self.layouts.lay(d)
             )
-            return [RowPlanPart(d, slots, epochs, units, starts, rows)]
-        idx, L, k = self.indexes[d], seg.seq_len, seg.index
+            return [RowPlanPart(d, slots, epochs, units, starts, rows, packing=seg.packing)]
+        L, k = seg.seq_len, seg.index
         local = rows - seg.first_row
         carry = local < seg.carry_rows
         parts = []
@@ -158,23 +174,32 @@ class Planner:
             block_rows = max(1, CARRY_BLOCK_UNITS // L)
             block, within = np.divmod(j, block_rows)
             first = seg.virtual(0, 1)[0][0]  # the epoch of the carry's first unit
-            epochs = np.full(len(j), first // idx.units_per_epoch, dtype=np.int64)
+            U = int(self.layouts.concat_units(d).sum())
+            epochs = np.full(len(j), first // U, dtype=np.int64)
             minus = np.full(len(j), -1, dtype=np.int64)
             starts = order.RowStarts(minus, minus, block, within * L)
-            parts.append(RowPlanPart(d, slots[carry], epochs, j * L, starts, rows[carry], k, True))
+            packing = "padded" if seg.padded else "concat"
+            parts.append(
+                RowPlanPart(d, slots[carry], epochs, j * L, starts, rows[carry], k, True, packing)
+            )
         if (~carry).any():
+            g = self.layouts.grid(d, k)
             own = local[~carry] - seg.carry_rows
-            epochs = (seg.origin + own * L) // idx.units_per_epoch
+            epochs = (g.origin + own * g.per_row) // g.units_per_epoch
             natural = np.empty_like(own)
             for epoch in dict.fromkeys(epochs.tolist()):
                 sel = epochs == epoch
                 natural[sel] = order.natural_rows(
                     self.layout(d, epoch, k), own[sel], partial(self.window_perm, d, epoch, k)
                 )
-            units = seg.origin + natural * L
+            units = g.origin + natural * g.per_row
             lay = partial(self.layout, d, segment=k)
-            starts = order.locate_starts(units, idx.units_per_epoch, lay)
-            parts.append(RowPlanPart(d, slots[~carry], epochs, units, starts, rows[~carry], k))
+            starts = order.locate_starts(units, g.units_per_epoch, lay)
+            parts.append(
+                RowPlanPart(
+                    d, slots[~carry], epochs, units, starts, rows[~carry], k, False, seg.packing
+                )
+            )
         return parts
 
     # ---------------------------------------------------------------- segments
@@ -195,13 +220,15 @@ class Planner:
                 a, b = np.searchsorted(p.slots, [lo, hi]).tolist()
                 s = p.starts
                 parts.append(
-                    RowPlanPart(
-                        p.dataset,
-                        p.slots[a:b] - lo,
-                        p.epochs[a:b],
-                        p.units[a:b],
-                        order.RowStarts(s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]),
-                        p.rows[a:b],
+                    dataclasses.replace(
+                        p,
+                        slots=p.slots[a:b] - lo,
+                        epochs=p.epochs[a:b],
+                        units=p.units[a:b],
+                        starts=order.RowStarts(
+                            s.epoch[a:b], s.position[a:b], s.chunk[a:b], s.lo[a:b]
+                        ),
+                        rows=p.rows[a:b],
                     )
                 )
             out.append(RowPlan(hi - lo, parts, plan.seq_len))
@@ -231,17 +258,13 @@ class Planner:
     def pieces(self, part: RowPlanPart) -> order.Pieces:
         """The pieces of chunks a part's rows are made of (`row` indexes its slots), for
         provenance and accounting; serving reads the row buffers instead."""
-        idx, d = self.indexes[part.dataset], part.dataset
-        if part.segment == 0:
-            return order.locate_units(
-                part.units, idx.span, idx.units_per_epoch, self.layouts.lay(d)
-            )
-        seg = self.segments(d)[part.segment]
+        d = part.dataset
+        if part.carry:
+            seg = self.segments(d)[part.segment]
+            return self.layouts.carry_pieces(d, seg, part.units, seg.seq_len + 1)
+        g = self.layouts.grid(d, part.segment)
         lay = partial(self.layout, d, segment=part.segment)
-        if not part.carry:
-            span = seg.seq_len + 1
-            return order.locate_units(part.units, span, idx.units_per_epoch, lay)
-        return self.layouts.carry_pieces(d, seg, part.units, seg.seq_len + 1)
+        return order.locate_units(part.units, g.span, g.units_per_epoch, lay)
 
     def chunks_read(self, plan: RowPlan) -> set[tuple[int, int, int]]:
         """The (dataset, epoch, chunk) stretches whose units a plan's rows read."""
@@ -272,7 +295,7 @@ class Planner:
     def _chunks_of_part(self, d: int, part: RowPlanPart) -> set[tuple[int, int]]:
         """The (dataset, chunk) pairs a part's rows read: the chunks they start in and those
         their row buffers' tails read (carry rows: every chunk of their stretches)."""
-        if part.carry:
+        if part.carry or part.packing == "best_fit":
             return {(d, int(c)) for c in np.unique(self.pieces(part).chunk).tolist()}
         s, out = part.starts, set()
         _, one = np.unique(order.pair_codes(s.epoch, s.position), return_index=True)

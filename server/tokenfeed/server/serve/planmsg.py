@@ -16,7 +16,10 @@ MAX_NEW_DATASETS = 64
 MAX_SOURCES = 1024
 
 
-def phase_message(plan: DataPlan, phase: PlanPhase, fingerprint: str = "") -> pb.PlanPhase:
+def phase_message(
+    plan: DataPlan, phase: PlanPhase, packing: str, fingerprint: str = ""
+) -> pb.PlanPhase:
+    """A phase as a message; `packing` is the job's (a phase that keeps it does not say it)."""
     names = plan.names[: len(phase.weights)]
     return pb.PlanPhase(
         start_step=phase.start_step,
@@ -25,6 +28,7 @@ def phase_message(plan: DataPlan, phase: PlanPhase, fingerprint: str = "") -> pb
         datasets=names,
         weights=[str(w) for w in phase.weights],
         fingerprint=fingerprint,
+        packing=phase.packing or packing,
     )
 
 
@@ -45,7 +49,8 @@ def plan_info(job: Job, step: int = 0, replaced: list[PlanPhase] | None = None) 
         horizon=plans.horizon,
         served=plans.served,
         phases=[
-            phase_message(plan, p, fp) for p, fp in zip(plan.phases, fingerprints, strict=True)
+            phase_message(plan, p, job.spec.packing, fp)
+            for p, fp in zip(plan.phases, fingerprints, strict=True)
         ],
         log=keeper.where if keeper is not None else "",
         step=step,
@@ -54,7 +59,7 @@ def plan_info(job: Job, step: int = 0, replaced: list[PlanPhase] | None = None) 
             pb.DatasetConsumption(dataset=name, rows=rows, tokens=tokens)
             for name, rows, tokens in zip(plan.names, consumed.rows, consumed.tokens, strict=True)
         ],
-        replaced=[phase_message(plan, p) for p in replaced or []],
+        replaced=[phase_message(plan, p, job.spec.packing) for p in replaced or []],
     )
 
 
@@ -77,6 +82,7 @@ def amendment(request: pb.AmendPlanRequest) -> Amendment:
         seq_len=request.seq_len or None,
         weights=weights,
         add=tuple(_dataset(d) for d in request.add),
+        packing=request.packing or None,
     )
 
 

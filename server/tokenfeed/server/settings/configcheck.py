@@ -112,6 +112,21 @@ class OptionalText:
 
 
 @dataclass(frozen=True)
+class OptionalChoice:
+    """One of `choices`, or None (the option is not given: what it falls back to says its
+    doc)."""
+
+    choices: tuple[str, ...]
+
+    @property
+    def accepts(self) -> str:
+        return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+
+    def __call__(self, name: str, value: Any) -> str | None:
+        return None if value is None else Text(self.choices)(name, value)
+
+
+@dataclass(frozen=True)
 class OptionalInteger:
     """An integer >= `minimum`, or None (the option is not given: what it falls back to says
     its doc)."""

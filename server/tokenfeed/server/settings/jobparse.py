@@ -62,7 +62,7 @@ _CARRIED = [o.key for o in options_of(PhaseSpec) if o.key and o.name != "start_s
 PHASE = keys_of(PhaseSpec).showing("the phase before's", *_CARRIED)
 JOB = (
     keys_of(JobSpec, datasets=Named(DATASET, "<dataset>"), schedule=Items(PHASE))
-    | keys_of(PhaseSpec, exclude=("start_step", "seq_len"))
+    | keys_of(PhaseSpec, exclude=("start_step", "seq_len", "packing"))
     | keys_of(DatasetSpec, sources=Items(SOURCE)).showing("required without `datasets`", "sources")
     | TEXT_FIELD
 )
@@ -101,6 +101,7 @@ def _job(name: str, raw: object, where: str, base: Path) -> JobSpec:
         start_step=0,
         weights=weights,
         seq_len=None,  # the first phase's is the job's own `seq_len`
+        packing=None,  # and `packing`
     )
     job.read("tokenizer")
     job.read("seq_len")

@@ -17,6 +17,7 @@ from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.configcheck import (
     Instance,
     Integer,
+    OptionalChoice,
     OptionalInteger,
     Rule,
     Text,
@@ -91,10 +92,21 @@ class PhaseSpec:
         metadata=option(
             OptionalInteger(minimum=1),
             shown="the phase before's (the job's `seq_len` for the first)",
-            doc="a context-extension phase: tokens per row from this phase on (concat packing "
-            "only); each dataset's stream continues where the phase before left it "
+            doc="a context-extension phase: tokens per row from this phase on; each dataset's "
+            "stream continues where the phase before left it "
             "([data plan](data-plan.md#a-phase-that-changes-seq_len))",
             why="None: the sequence length does not change",
+        ),
+    )
+    packing: str | None = field(
+        default=None,
+        metadata=option(
+            OptionalChoice(PACKINGS),
+            shown="the phase before's (the job's `packing` for the first)",
+            doc="how rows are packed from this phase on; each dataset's rows continue where "
+            "the phase before left them "
+            "([data plan](data-plan.md#a-phase-that-changes-the-packing))",
+            why="None: the packing does not change",
         ),
     )
 
