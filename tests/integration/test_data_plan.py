@@ -381,3 +381,61 @@ def test_best_fit_phases_may_change_seq_len_and_go_back_to_concat(tmp_path, text
     every, shapes = coverage_across_changes(tmp_path, texts, "frombf", spec, changes, 60)
     assert [shapes[s][1] for s in (0, 4, 5, 11, 12)] == [64, 64, 128, 128, 96]
     assert every.min() == 2 and every.max() <= 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_mixture_s_packing_change_streams_and_outlives_a_restart(tmp_path, texts, workers):
+    """Three datasets under concat, best_fit at 128 from step 8 (a step of the change mixes
+    carry rows and best-fit rows of several datasets): a stream through the change gives the
+    bytes GetBatch gives, two ranks split each step, Explain's pieces are the rows' tokens, and
+    a restarted server (which counts the best-fit rows again) serves every step the same; with
+    serving workers too (each counts on its own)."""
+    proc = serve(tmp_path, "mixbf", mixture(tmp_path, texts), workers=workers)
+    steps = range(60)
+    try:
+        amend(proc, start_step=8, seq_len=128, packing="best_fit")
+        with proc.client("main") as c:
+            single = {s: batch_bytes(c.get_batch(s)) for s in steps}
+            streamed = {b.step: batch_bytes(b) for b in c.iter_batches(0, len(steps), prefetch=2)}
+            assert streamed == single
+            for s in (7, 8, 9, 15):
+                ids = c.get_batch(s)["input_ids"]
+                halves = [c.get_batch(s, r, 2)["input_ids"] for r in range(2)]
+                assert np.array_equal(np.concatenate(halves), ids)
+            from support import TOKENIZER
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(TOKENIZER))
+            ids_of = {}
+            for name, docs in {"web": texts[:150], "code": texts[150:250]}.items():
+                for i, e in enumerate(tok.encode_batch(docs, add_special_tokens=False)):
+                    ids_of[(name, f"line {i + 1}")] = e.ids
+            checked = 0
+            for s in (8, 9, 30, 45, 59):
+                batch = c.get_batch(s)
+                for row, why in zip(batch["input_ids"], c.explain(s)["rows"], strict=True):
+                    for p in why["pieces"]:
+                        key = (why["dataset"], p["record"])
+                        if key not in ids_of:
+                            continue
+                        ts, te = int(p["token_start"]), int(p["token_end"])
+                        rs, re = int(p["row_start"]), int(p["row_end"])
+                        assert row[rs:re].tolist() == ids_of[key][ts:te]
+                        checked += 1
+            assert checked > 50
+            # the carries' last rows, then best-fit rows, are padded (masked); concat rows never
+            masked = [int((c.get_batch(s)["loss_mask"] == 0).sum()) for s in steps]
+            assert sum(masked[:8]) == 0 and sum(masked[8:]) > 0
+        # every worker's copy of the plan follows the log (GetPlan may reach another worker than
+        # AmendPlan did: it holds the change once it has refreshed)
+        deadline = time.monotonic() + 30
+        while len(plan(proc).phases) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p.packing for p in plan(proc).phases] == ["concat", "best_fit"]
+        proc.stop()
+        proc = ServerProcess(tmp_path / "mixbf.yaml", tmp_path / "mixbf2.log")
+        assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+        with proc.client("main") as c:
+            assert {s: batch_bytes(c.get_batch(s)) for s in steps} == single
+    finally:
+        proc.stop()
