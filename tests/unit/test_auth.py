@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tokenfeed.client._credentials import Credentials, TokenSource
 from tokenfeed.server.errors import ConfigError
-from tokenfeed.server.serve import auth
+from tokenfeed.server.serve import auth, authtokens, tlscreds
 from tokenfeed.server.settings.config import AuthSpec, TlsSpec, from_dict
 
 JOB = {"sources": ["data/*.jsonl"], "tokenizer": "tok.json", "seq_len": 8, "global_batch_size": 2}
@@ -26,12 +26,12 @@ JOB = {"sources": ["data/*.jsonl"], "tokenizer": "tok.json", "seq_len": 8, "glob
 
 def test_parse_tokens_skips_comments_and_blank_lines():
     text = "# trainers\n\n  alpha  \nbeta # the eval job\n#gamma\ndelta:run1, run2\n"
-    tokens = auth.parse_tokens(text, "f")
-    assert [t.digest for t in tokens] == [auth.digest(s) for s in ("alpha", "beta", "delta")]
+    tokens = authtokens.parse_tokens(text, "f")
+    assert [t.digest for t in tokens] == [authtokens.digest(s) for s in ("alpha", "beta", "delta")]
     assert [t.jobs for t in tokens] == [None, None, frozenset({"run1", "run2"})]
     assert tokens[2].allows("run2") and not tokens[2].allows("run3")
     assert tokens[0].allows("anything")
-    assert auth.parse_tokens("# nothing\n\n", "f") == []
+    assert authtokens.parse_tokens("# nothing\n\n", "f") == []
 
 
 @pytest.mark.parametrize(
@@ -39,17 +39,17 @@ def test_parse_tokens_skips_comments_and_blank_lines():
 )
 def test_bad_lines_name_the_line_never_the_token(line):
     with pytest.raises(ConfigError) as e:
-        auth.parse_tokens(f"good\n{line}\n", "server.auth.tokens_file /x")
+        authtokens.parse_tokens(f"good\n{line}\n", "server.auth.tokens_file /x")
     assert str(e.value).startswith("server.auth.tokens_file /x line 2: expected")
     assert "s3cr3t" not in str(e.value)
 
 
 def test_match_accepts_only_the_exact_token():
-    tokens = auth.parse_tokens("alpha-token\nbeta-token:run1\n", "f")
-    assert auth.match(tokens, "alpha-token") is tokens[0]
-    assert auth.match(tokens, "beta-token") is tokens[1]
+    tokens = authtokens.parse_tokens("alpha-token\nbeta-token:run1\n", "f")
+    assert authtokens.match(tokens, "alpha-token") is tokens[0]
+    assert authtokens.match(tokens, "beta-token") is tokens[1]
     for wrong in ("alpha-toke", "alpha-token2", "ALPHA-TOKEN", "", "beta-token:run1"):
-        assert auth.match(tokens, wrong) is None, wrong
+        assert authtokens.match(tokens, wrong) is None, wrong
 
 
 @pytest.mark.parametrize("presented", ["first", "last", "none-of-them", "x" * 1000])
@@ -62,9 +62,9 @@ def test_match_compares_digests_with_every_token(monkeypatch, presented):
         calls.append((len(a), len(b)))
         return compare(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
-    tokens = auth.parse_tokens("first\nmiddle-and-longer\nlast\n", "f")
-    found = auth.match(tokens, presented)
+    monkeypatch.setattr(authtokens.hmac, "compare_digest", spy)
+    tokens = authtokens.parse_tokens("first\nmiddle-and-longer\nlast\n", "f")
+    found = authtokens.match(tokens, presented)
     assert calls == [(32, 32)] * 3
     assert (found is not None) == (presented in ("first", "last"))
 
@@ -89,11 +89,11 @@ def _replace(path, text: str) -> None:
 def test_tokens_from_file_and_environment(tmp_path):
     (tmp_path / "tokens").write_text("file-token\n")
     spec = AuthSpec(tokens_file=str(tmp_path / "tokens"), tokens_env="TF_TOKENS")
-    tokens = auth.TokenSet(spec, {"TF_TOKENS": "env-1 env-2:run1\n"})
+    tokens = authtokens.TokenSet(spec, {"TF_TOKENS": "env-1 env-2:run1\n"})
     assert len(tokens) == 3
     assert tokens.check("file-token") and tokens.check("env-1")
     assert tokens.check("env-2:run1") is None and tokens.check("env-2").jobs == {"run1"}
-    only_env = auth.TokenSet(AuthSpec(tokens_env="TF_TOKENS"), {"TF_TOKENS": "env-1"})
+    only_env = authtokens.TokenSet(AuthSpec(tokens_env="TF_TOKENS"), {"TF_TOKENS": "env-1"})
     assert only_env.check("env-1") and not only_env.check("file-token")
 
 
@@ -101,7 +101,7 @@ def test_rotation_is_seen_within_a_second_and_not_before(tmp_path):
     path = tmp_path / "tokens"
     path.write_text("old\n")
     clock = Clock()
-    tokens = auth.TokenSet(AuthSpec(tokens_file=str(path)), {}, clock=clock)
+    tokens = authtokens.TokenSet(AuthSpec(tokens_file=str(path)), {}, clock=clock)
     assert tokens.check("old")
     _replace(path, "new\n")
     clock.now += 0.5
@@ -120,7 +120,7 @@ def test_a_file_caught_mid_rotation_keeps_the_previous_tokens(tmp_path, state, c
     path = tmp_path / "tokens"
     path.write_text("old\n")
     clock = Clock()
-    tokens = auth.TokenSet(AuthSpec(tokens_file=str(path)), {}, clock=clock)
+    tokens = authtokens.TokenSet(AuthSpec(tokens_file=str(path)), {}, clock=clock)
     if state == "missing":
         path.unlink()
     else:
@@ -140,15 +140,15 @@ def test_start_errors_name_the_key_and_value(tmp_path):
         match=rf"^tf.yaml: server.auth.tokens_file: cannot read "
         rf"'{missing}': No such file",
     ):
-        auth.TokenSet(AuthSpec(tokens_file=str(missing)), {}, "tf.yaml")
+        authtokens.TokenSet(AuthSpec(tokens_file=str(missing)), {}, "tf.yaml")
     (tmp_path / "empty").write_text("# no tokens yet\n")
     with pytest.raises(ConfigError, match=r"server.auth.tokens_file: '.*empty' holds no token"):
-        auth.TokenSet(AuthSpec(tokens_file=str(tmp_path / "empty")), {}, "tf.yaml")
+        authtokens.TokenSet(AuthSpec(tokens_file=str(tmp_path / "empty")), {}, "tf.yaml")
     with pytest.raises(ConfigError, match=r"server.auth.tokens_env: \$TF_T: not set"):
-        auth.TokenSet(AuthSpec(tokens_env="TF_T"), {}, "tf.yaml")
+        authtokens.TokenSet(AuthSpec(tokens_env="TF_T"), {}, "tf.yaml")
     (tmp_path / "bad").write_text("ok\nno good\n")
     with pytest.raises(ConfigError, match=r"^tf.yaml: server.auth.tokens_file .*bad line 2"):
-        auth.TokenSet(AuthSpec(tokens_file=str(tmp_path / "bad")), {}, "tf.yaml")
+        authtokens.TokenSet(AuthSpec(tokens_file=str(tmp_path / "bad")), {}, "tf.yaml")
 
 
 @pytest.mark.parametrize(
@@ -257,9 +257,9 @@ def _self_signed(tmp_path, name: str):
 def test_server_credentials_check_the_files_and_name_the_key(tmp_path):
     cert, key = _self_signed(tmp_path, "a")
     other_cert, other_key = _self_signed(tmp_path, "b")
-    assert isinstance(auth.server_credentials(TlsSpec(cert, key)), grpc.ServerCredentials)
+    assert isinstance(tlscreds.server_credentials(TlsSpec(cert, key)), grpc.ServerCredentials)
     assert isinstance(
-        auth.server_credentials(TlsSpec(cert, key, other_cert)), grpc.ServerCredentials
+        tlscreds.server_credentials(TlsSpec(cert, key, other_cert)), grpc.ServerCredentials
     )
     missing = str(tmp_path / "missing.pem")
     cases = [
@@ -276,7 +276,7 @@ def test_server_credentials_check_the_files_and_name_the_key(tmp_path):
     ]
     for spec, message in cases:
         with pytest.raises(ConfigError) as e:
-            auth.server_credentials(spec, "tf.yaml")
+            tlscreds.server_credentials(spec, "tf.yaml")
         assert str(e.value).startswith(f"tf.yaml: {message}"), str(e.value)
 
 

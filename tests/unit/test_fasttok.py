@@ -20,7 +20,7 @@ from support import TOKENIZER
 from tokenfeed.server.commands import democorpus
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.config import TokenizerSpec
-from tokenfeed.server.tokenizer import fasttok
+from tokenfeed.server.tokenizer import bpeexact, fasttok, paritysample
 from tokenfeed.server.tokenizer.tokenize import PARITY_CHARS, PARITY_DOCS, TextTokenizer
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -92,7 +92,7 @@ def test_tiktoken_gives_hf_ids(which, llama3, docs):
     path = TOKENIZER if which == "gpt2" else llama3
     tok = load(path, "tiktoken")
     assert tok.engine == "tiktoken", tok.engine_reason
-    texts = docs + fasttok.edge_sample(tuple(LLAMA3_SPECIALS)) + ["", "<|endoftext|>"]
+    texts = docs + paritysample.edge_sample(tuple(LLAMA3_SPECIALS)) + ["", "<|endoftext|>"]
     tokens, lengths = tok.encode(texts)
     assert tokens.dtype == np.uint16 and lengths.dtype == np.int32
     assert split(tokens, lengths) == hf_ids(path, texts)
@@ -234,7 +234,7 @@ def test_hf_backend_never_builds_the_engine(tmp_path):
 def test_a_merge_table_where_tiktokens_rank_rule_differs_is_refused(tmp_path):
     """Merges (b c), (a b), (ab c): HF leaves "abc" as [a, bc], since (a, bc) is no merge;
     tiktoken's rule joins any two parts whose bytes are a token, so it would make [abc]."""
-    alphabet = fasttok.byte_alphabet()
+    alphabet = bpeexact.byte_alphabet()
     vocab = {c: i for i, c in enumerate(sorted(alphabet, key=alphabet.get))}
     vocab.update({"bc": 256, "ab": 257, "abc": 258})
     merges = [("b", "c"), ("a", "b"), ("ab", "c")]
@@ -244,7 +244,7 @@ def test_a_merge_table_where_tiktokens_rank_rule_differs_is_refused(tmp_path):
     assert tok.encode("abc").ids == [vocab["a"], vocab["bc"]]
     ranks = {bytes([b]): b for b in range(256)} | {b"bc": 256, b"ab": 257, b"abc": 258}
     plain = tiktoken.Encoding(
-        "plain", pat_str=fasttok.GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}
+        "plain", pat_str=bpeexact.GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}
     )
     assert plain.encode_ordinary("abc") == [258]  # what the engine would say unchecked
 
@@ -283,7 +283,7 @@ def rare_tokens(path: Path, avoid: list[str]) -> tuple[int, str, int]:
     """Two tokens that neither the built-in sample nor the `avoid` texts encode to: the id and
     text of one that a text of its own encodes to, and the id of another."""
     hf = Tokenizer.from_file(str(path))
-    sample = fasttok.edge_sample(tuple(LLAMA3_SPECIALS))
+    sample = paritysample.edge_sample(tuple(LLAMA3_SPECIALS))
     seen = {i for ids in hf_ids(path, sample + avoid) for i in ids}
     seen |= set(hf.get_added_tokens_decoder())
     fresh = [i for i in range(hf.get_vocab_size() - 1, -1, -1) if i not in seen]  # merged first

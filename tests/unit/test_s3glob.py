@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from tokenfeed.server.errors import SourceError
-from tokenfeed.server.objstore.s3backend import glob_regex, split_uri
+from tokenfeed.server.objstore.s3uris import glob_regex, split_uri
 
 
 @pytest.mark.parametrize(

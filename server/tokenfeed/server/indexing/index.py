@@ -1,10 +1,11 @@
 """A dataset's token index: list its sources, plan its chunks, make sure each is tokenized.
 
 A job has one index per dataset (one for a plain job). `DatasetIndex.build` runs listing and
-tokenization in worker threads, several chunks at once, in the epoch-0 chunk order; while it
-runs, epoch 0's rows of the leading windows whose chunks are all built (`rows_built`) can be
-served. With a shared store (sharedstore.py), chunks are read from it when published, chunks
-assigned to other live nodes wait for them, and chunks tokenized here are published. Outcomes:
+tokenization in worker threads, several chunks at once, in the epoch-0 chunk order (schedule.py
+picks each worker's next chunk); while it runs, epoch 0's rows of the leading windows whose
+chunks are all built (`rows_built`, kept by builtrows.py) can be served. With a shared store
+(sharedstore.py), chunks are read from it when published, chunks assigned to other live nodes
+wait for them, and chunks tokenized here are published. Outcomes:
 - READY: every chunk is stored; documents and tokens per chunk are known (`num_docs`,
   `num_tokens`). The dataset's fingerprint (its chunks' keys) is known once it is planned.
 - FAILED: the data itself refuses the job (a bad record under `strict`, a source that matches
@@ -35,12 +36,13 @@ from tokenfeed.server.errors import (
     TokenfeedError,
 )
 from tokenfeed.server.indexing import listing
+from tokenfeed.server.indexing.builtrows import BuiltRows, epoch0_order
 from tokenfeed.server.indexing.chunkkeys import ChunkKeys
 from tokenfeed.server.indexing.chunkmaker import ChunkMaker, MakerSetup
 from tokenfeed.server.indexing.owner import ChunkOwner
+from tokenfeed.server.indexing.schedule import build_in_order
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import bestfit, packing
-from tokenfeed.server.sampling import order
 from tokenfeed.server.settings.config import DatasetSpec, JobSpec
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.chunkfiles import ChunkIndex
@@ -115,13 +117,7 @@ class DatasetIndex:
         # Serving while building: chunks are built in epoch 0's order, and the rows of the
         # leading windows whose chunks (and the units their last row reads on into) are all
         # built can be served before the rest exists.
-        self.order0 = np.zeros(0, dtype=np.int64)  # epoch 0's chunk order
-        self.position0 = np.zeros(0, dtype=np.int64)  # its inverse
-        self.positions_built = 0  # leading positions of that order whose chunks are built
-        self.windows_built = 0  # leading windows whose rows can all be served
-        self.rows_built = 0  # rows of those windows: epoch-0 rows [0, rows_built) are known
-        self._units_counted = 0  # units of the first `positions_built` positions
-        self._window_ends: list[int] = []  # units before each window boundary built so far
+        self.built = BuiltRows(spec.window_chunks, self.per_row, self.span)
         self.listeners: list[Callable[[], None]] = []  # told when rows_built grows
         self.started = time.monotonic()
         self._cancel = threading.Event()
@@ -143,6 +139,16 @@ class DatasetIndex:
         """Rows that start in an epoch, at least (an epoch's first and last rows may be shared
         with its neighbours: rows run on from one epoch into the next)."""
         return self.units_per_epoch // self.per_row
+
+    @property
+    def order0(self) -> np.ndarray:
+        """Epoch 0's chunk order: the order chunks are built in."""
+        return self.built.order0
+
+    @property
+    def rows_built(self) -> int:
+        """Epoch-0 rows [0, rows_built) are built: they can be served before READY."""
+        return self.built.rows
 
     @property
     def chunks_indexed(self) -> int:
@@ -206,40 +212,17 @@ class DatasetIndex:
                 f"job {self.name} (the raw data of {parallel} chunks tokenized at once)",
             )
         todo = [int(i) for i in self.order0 if self.num_docs[i] < 0]
-        todo.reverse()  # popped from the end: epoch-0 order
-        # With a shared store: chunks assigned to another live node wait here until it
-        # publishes them (or takeover_seconds pass): chunk -> [first deferred, last checked].
-        deferred: dict[int, list[float]] = {}
-
         poll = POLL_SECONDS if self.owner is None else WORKER_POLL_SECONDS
-
-        def pick() -> int | None:
-            now = time.monotonic()
-            due = [i for i, (_, checked) in deferred.items() if now - checked >= poll]
-            if due:  # the earliest in sample order first: a request may be waiting on it
-                return min(due, key=lambda i: self.position0[i])
-            return todo.pop() if todo else None
-
-        async def worker() -> None:
-            while (todo or deferred) and not self._cancel.is_set():
-                i = pick()
-                if i is None:
-                    await asyncio.sleep(poll / 4)
-                    continue
-                since = deferred.get(i, [time.monotonic()])[0]
-                got = await loop.run_in_executor(executor, self.index_or_defer, i, since)
-                if got is None:
-                    deferred[i] = [since, time.monotonic()]
-                    continue
-                deferred.pop(i, None)
-                self.record(i, *got)
-
-        try:
-            async with asyncio.TaskGroup() as group:  # the first failure cancels the others
-                for _ in range(max(1, parallel)):
-                    group.create_task(worker())
-        except ExceptionGroup as failed:
-            raise failed.exceptions[0] from None
+        await build_in_order(
+            todo,
+            self.built.position0,
+            self.index_or_defer,
+            lambda i, got: self.record(i, *got),
+            executor,
+            parallel,
+            poll,
+            self._cancel,
+        )
         if self._cancel.is_set():
             raise BuildCancelled
         self.finish()
@@ -275,12 +258,8 @@ class DatasetIndex:
         self.num_tokens = np.full(len(chunks), -1, dtype=np.int64)
         self.body_bytes = np.zeros(len(chunks), dtype=np.int64)
         self.units_per_chunk = np.zeros(len(chunks), dtype=np.int64)
-        n = len(chunks)
-        self.order0 = order.permute(
-            np.arange(n), n, order.round_keys("chunks", self.spec.seed, self.dataset.name, 0)
-        )
-        self.position0 = np.empty(n, dtype=np.int64)
-        self.position0[self.order0] = np.arange(n)
+        order0 = epoch0_order(len(chunks), self.spec.seed, self.dataset.name)
+        self.built = BuiltRows(self.spec.window_chunks, self.per_row, self.span, order0)
         self.fingerprint = self._fingerprint()
         self.chunks = chunks
 
@@ -344,26 +323,7 @@ class DatasetIndex:
         self.bad_records.update(entry.bad)
         for reason, n in entry.bad.items():
             metrics.BAD_RECORDS.labels(self.spec.name, reason).inc(n)
-        self._advance()
-
-    def _advance(self) -> None:
-        """Move the built prefix of epoch 0's order past every chunk built so far, and the
-        servable rows past every window whose rows read only built units."""
-        n, window, before = len(self.chunks), self.spec.window_chunks, self.rows_built
-        while self.positions_built < n and self.num_docs[self.order0[self.positions_built]] >= 0:
-            self._units_counted += int(self.units_per_chunk[self.order0[self.positions_built]])
-            self.positions_built += 1
-            if self.positions_built % window == 0 and self.positions_built < n:
-                self._window_ends.append(self._units_counted)
-        # A window's rows are servable once the units its last row reads are built; the last
-        # window's last row reads on into epoch 1, which waits for the whole epoch (READY).
-        while self.windows_built < len(self._window_ends):
-            end_row = -(-self._window_ends[self.windows_built] // self.per_row)
-            if (end_row - 1) * self.per_row + self.span > self._units_counted:
-                break
-            self.windows_built += 1
-            self.rows_built = max(end_row, 0)
-        if self.rows_built != before:
+        if self.built.advance(self.num_docs, self.units_per_chunk):
             for listener in self.listeners:
                 listener()
 
@@ -416,7 +376,7 @@ class DatasetIndex:
         return (
             f"step {step} of job {job} needs {need} rows of dataset "
             f"{self.dataset.name}; {self.rows_built} rows are built so far "
-            f"({self.positions_built}/{len(self.chunks)} chunks tokenized in sample order)",
+            f"({self.built.positions}/{len(self.chunks)} chunks tokenized in sample order)",
             min(max(eta, 1.0), 600.0),
         )
 

@@ -6,9 +6,9 @@ byte before a JSON Lines chunk, the end of a line that crosses into the next chu
 alone and not cached, so a chunk costs about its own bytes and a few requests. Missing blocks
 of one read are fetched several at a time.
 
-Every request is retried here, with exponential backoff and full jitter, on throttling (503
-SlowDown, 429), other 5xx, timeouts, resets and short bodies; botocore's own retries are off so
-that every attempt is counted once and a truncated body is never used. The object's ETag and
+Every request is retried (s3retry.py), with exponential backoff and full jitter, on throttling,
+other 5xx, timeouts, resets and short bodies; botocore's own retries are off so that every
+attempt is counted once and a truncated body is never used. The object's ETag and
 size, pinned when it was listed, are checked on every response (and sent as If-Match): an object
 that changed raises `SourceChangedError` naming it.
 """
@@ -18,10 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import random
 import re
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -29,105 +26,18 @@ from typing import BinaryIO, TypeVar
 
 import boto3
 import botocore.config
-import botocore.exceptions as bce
-from tokenfeed.server.errors import ObjectStoreError, SourceChangedError, SourceError
+from tokenfeed.server.errors import ObjectStoreError, SourceChangedError
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.objects import ObjectInfo
+from tokenfeed.server.objstore.s3retry import Retry, RetryPolicy
+from tokenfeed.server.objstore.s3uris import glob_regex, has_magic, split_uri
 from tokenfeed.server.settings.config import ObjectStoreSpec
 from tokenfeed.server.telemetry import metrics
-from urllib3.exceptions import HTTPError as Urllib3Error
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_THROTTLED = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "TooManyRequests",
-    "RequestLimitExceeded",
-    "503",
-    "429",
-}
-_TRANSIENT_CODES = {
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestTimeout",
-    "500",
-    "502",
-    "503",
-    "504",
-}
-_NETWORK_ERRORS = (
-    bce.ConnectionError,
-    bce.HTTPClientError,
-    bce.ReadTimeoutError,
-    bce.ResponseStreamingError,
-    bce.IncompleteReadError,
-    Urllib3Error,
-    ConnectionError,
-    TimeoutError,
-)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
-
-
-def _network_reason(e: BaseException) -> str:
-    """A body cut short surfaces as a streaming or incomplete-read error (from botocore or
-    urllib3, possibly chained); a timeout names itself; the rest are resets and refusals."""
-    chain: list[str] = []
-    cause: BaseException | None = e
-    while cause is not None and len(chain) < 5:
-        chain.append(type(cause).__name__.lower())
-        cause = cause.__cause__ or cause.__context__
-    if any("incompleteread" in n or "streaming" in n for n in chain):
-        return "short_body"
-    return "timeout" if any("timeout" in n for n in chain) else "reset"
-
-
-class _Retry(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise SourceError(f"not an s3:// URI: {uri!r}")
-    bucket, _, key = uri[5:].partition("/")
-    if not bucket:
-        raise SourceError(f"{uri!r}: no bucket name")
-    return bucket, key
-
-
-def glob_regex(pattern: str) -> re.Pattern:
-    """`*` and `?` stay within one path segment, `**` crosses segments, `[...]` a class."""
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            if pattern.startswith("/", i):  # `a/**/b` also matches `a/b`
-                out[-1] = "(?:.*/)?"
-                i += 1
-            continue
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[" and (j := pattern.find("]", i + 1)) > i:
-            body = pattern[i + 1 : j]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out) + r"\Z")
-
-
-def _has_magic(text: str) -> bool:
-    return any(c in text for c in "*?[")
 
 
 class S3Backend:
@@ -145,71 +55,20 @@ class S3Backend:
         self.client = session.client("s3", endpoint_url=spec.endpoint_url, config=config)
         self._pool = ThreadPoolExecutor(spec.max_concurrency, thread_name_prefix="s3-get")
         self.parallel_reads = spec.max_concurrency  # the parts of a group of small objects
-        self._random = random.Random()
-        self._random_lock = threading.Lock()
+        self._retry = RetryPolicy(spec)
 
     # ------------------------------------------------------------ requests
 
     def _call(self, op: str, what: str, attempt: Callable[[], T]) -> T:
-        """Run one request with our retry policy; `what` names the object for errors."""
-        spec = self.spec
-        for n in range(1, spec.max_attempts + 1):
-            start = time.monotonic()
-            try:
-                result = attempt()
-            except _Retry as e:
-                reason, detail = e.reason, str(e)
-            except bce.ClientError as e:
-                reason, detail = self._classify(e, what)
-            except _NETWORK_ERRORS as e:
-                reason, detail = _network_reason(e), f"{type(e).__name__}: {e}"
-            else:
-                metrics.OBJECT_SECONDS.labels(op).observe(time.monotonic() - start)
-                metrics.OBJECT_REQUESTS.labels(op, "ok").inc()
-                return result
-            metrics.OBJECT_SECONDS.labels(op).observe(time.monotonic() - start)
-            if n == spec.max_attempts:
-                metrics.OBJECT_REQUESTS.labels(op, "error").inc()
-                metrics.OBJECT_ERRORS.labels(reason).inc()
-                raise ObjectStoreError(
-                    f"{op} {what} failed {n} times, last: {reason} ({detail}); "
-                    f"object_store.max_attempts is {spec.max_attempts}"
-                )
-            metrics.OBJECT_REQUESTS.labels(op, "retried").inc()
-            metrics.OBJECT_RETRIES.labels(reason).inc()
-            with self._random_lock:
-                jitter = self._random.random()
-            pause = min(spec.backoff_max_seconds, spec.backoff_base_seconds * 2 ** (n - 1))
-            log.info("%s %s: %s (%s); retry %d in %.2fs", op, what, reason, detail, n, pause)
-            time.sleep(pause * jitter)
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _classify(e: bce.ClientError, what: str) -> tuple[str, str]:
-        """(retry reason, detail) for a retryable error; raises for the others."""
-        err = e.response.get("Error", {})
-        code = str(err.get("Code", ""))
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        detail = f"HTTP {status} {code}: {err.get('Message', '')}".strip()
-        if code in _THROTTLED or status in (429, 503):
-            return "throttled", detail
-        if code in _TRANSIENT_CODES or status >= 500:
-            return "server_error", detail
-        metrics.OBJECT_ERRORS.labels("client_error").inc()
-        if status == 412 or code == "PreconditionFailed":
-            raise SourceChangedError(
-                f"source {what} changed after it was pinned (its ETag no longer matches); "
-                "restart the job on a stable corpus"
-            ) from e
-        if status == 404 or code in ("NoSuchKey", "NoSuchBucket"):
-            raise SourceChangedError(f"source {what} is gone ({detail})") from e
-        raise SourceError(f"{what}: {detail}") from e
+        """Run one request with our retry policy (s3retry.py; blobs.py's requests too); `what`
+        names the object for errors."""
+        return self._retry.call(op, what, attempt)
 
     # ------------------------------------------------------------ listing
 
     def list(self, pattern: str) -> list[ObjectInfo]:
         bucket, key_pattern = split_uri(pattern)
-        if not _has_magic(key_pattern):
+        if not has_magic(key_pattern):
             info = self._head(bucket, key_pattern, pattern) if key_pattern else None
             if info is not None:
                 return [info]
@@ -270,7 +129,7 @@ class S3Backend:
             finally:
                 body.close()
             if len(data) != want:
-                raise _Retry("short_body", f"got {len(data)} of {want} bytes")
+                raise Retry("short_body", f"got {len(data)} of {want} bytes")
             metrics.OBJECT_BYTES.inc(len(data))
             return data
 

@@ -10,9 +10,11 @@ Within a process, a chunk's reading, parsing and writing overlap its tokenizing 
 engine allows (chunkmaker.py); across processes, one process's serial parts overlap the
 others' tokenizing.
 
-A chunk's manifest is its commit point, so a build that is interrupted, even by kill -9,
-resumes by skipping every chunk whose manifest exists: only unfinished chunks are redone, and
-the store ends byte-identical to an uninterrupted build's.
+One chunk's build is chunkbuild.py's and the progress line progressline.py's (both shared
+with the Ray build, which reaches them through this module too). A chunk's manifest is its
+commit point, so a build that is interrupted, even by kill -9, resumes by skipping every chunk
+whose manifest exists: only unfinished chunks are redone, and the store ends byte-identical to
+an uninterrupted build's.
 """
 
 from __future__ import annotations
@@ -26,15 +28,20 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
 from tokenfeed.server.indexing.index import DatasetIndex
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.jobs.stack import open_build
+from tokenfeed.server.offline.chunkbuild import (
+    Done,
+    build_chunk,
+    build_in,
+    chunk_builder,
+    planned_job,
+)
+from tokenfeed.server.offline.progressline import ProgressLine
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.source.chunks import Chunk
-from tokenfeed.server.store.chunkfiles import ChunkIndex
 
 # Sources per worker process at least. A process costs about a second of a core to start
 # (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
@@ -53,18 +60,6 @@ CORES_PER_PROCESS = 2
 LOCAL_THREADS = 2
 
 
-@dataclass(frozen=True)
-class Done:
-    """What a worker reports for one chunk."""
-
-    dataset: int
-    chunk: int
-    entry: ChunkIndex
-    units: int  # in the dataset's stream (index.py)
-    raw_bytes: int
-    tokenized: bool  # False: it was already in the store
-
-
 _worker: Job | None = None
 
 
@@ -78,83 +73,6 @@ def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
     if _worker is None:
         raise RuntimeError("a build worker process was started without _init_worker")
     return build_chunk(_worker, d, i, chunk)
-
-
-def chunk_builder(config: Config, name: str) -> Job:
-    """A job that builds chunks another process planned (`build_chunk`): a `tokenfeed build`
-    worker process, or a Ray task (raybuild.py). It keeps only manifests locally when the
-    config has a shared store, and leaves the local store's scan to the planner."""
-    return open_build(config, [name], planner=False).jobs[name]
-
-
-def planned_job(config: Config, name: str) -> Job:
-    """The job with every dataset's sources listed and its chunks planned (and, with a shared
-    store, its inputs checked against the store's): what the builders are handed."""
-    job = open_build(config, [name], planner=True).jobs[name]
-    for idx in job.indexes:
-        idx.plan()
-    return job
-
-
-def build_chunk(job: Job, d: int, i: int, chunk: Chunk) -> Done:
-    """Chunk i of dataset d, planned elsewhere, into `job`'s store (and published to the shared
-    store): read from the store when it is there already, else tokenized. Its tokens depend on
-    the chunk alone (its key is its content address), so it is indexed as a one-chunk plan."""
-    return _build_in(job.indexes[d], d, i, chunk)
-
-
-def _build_in(idx: DatasetIndex, d: int, i: int, chunk: Chunk) -> Done:
-    idx.adopt([chunk])
-    key = idx.keys[0]
-    had = idx.store.get_index(key) is not None or (
-        idx.shared is not None and idx.shared.manifest(key) is not None
-    )
-    entry, units = idx.index_chunk(0)
-    return Done(d, i, entry, units, chunk.raw_bytes, not had)
-
-
-class ProgressLine:
-    """One line: chunks, documents, tokens, MB/s of source, ETA; redrawn in place on a TTY."""
-
-    def __init__(self, out: TextIO, total_chunks: int, total_bytes: int, interval=1.0):
-        self.out, self.interval = out, interval
-        self.total_chunks, self.total_bytes = total_chunks, total_bytes
-        self.chunks = self.skipped = self.docs = self.tokens = self.bytes = self.tokenized = 0
-        self.started = self._drawn = time.monotonic()
-        self.tty = out.isatty()
-
-    def add(self, done: Done) -> None:
-        self.chunks += 1
-        self.docs += done.entry.num_docs
-        self.tokens += done.entry.num_tokens
-        if done.tokenized:
-            self.tokenized += 1
-            self.bytes += done.raw_bytes
-        else:
-            self.skipped += 1
-            self.total_bytes -= done.raw_bytes
-        if time.monotonic() - self._drawn >= self.interval or self.chunks == self.total_chunks:
-            self.draw()
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = self.bytes / elapsed
-        left = max(self.total_bytes - self.bytes, 0)
-        eta = f"{left / rate:.0f}s" if rate > 0 else "?"
-        pct = 100.0 * self.chunks / max(self.total_chunks, 1)
-        return (
-            f"[{pct:5.1f}%] {self.chunks}/{self.total_chunks} chunks, {self.docs:,} docs, "
-            f"{self.tokens:,} tokens, {rate / 1e6:.2f} MB/s, "
-            f"{self.tokens / elapsed / 1e6:.2f} M tokens/s, ETA {eta}"
-        )
-
-    def draw(self) -> None:
-        self._drawn = time.monotonic()
-        if self.tty:
-            self.out.write("\r" + self.line() + "\x1b[K")
-        else:
-            self.out.write(self.line() + "\n")
-        self.out.flush()
 
 
 def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stderr) -> int:
@@ -226,7 +144,7 @@ class _Builders:
             while (item := self._next()) is not None:
                 d, i = item
                 chunk = self.job.indexes[d].chunks[i]
-                self.results.put(("done", _build_in(indexes[d], d, i, chunk)))
+                self.results.put(("done", build_in(indexes[d], d, i, chunk)))
         except BaseException as e:  # handed to the main thread, which raises it
             self.results.put(("failed", e))
 

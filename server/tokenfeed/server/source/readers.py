@@ -4,6 +4,8 @@ Bad records are never silent: each one becomes a `BadRecord` with a reason and a
 (`uri:line` for JSON Lines, `uri row N` for Parquet). The caller applies the job's policy:
 `skip` drops them (counted and logged), `strict` refuses the chunk with the first location.
 
+JSON Lines is read by jsonl.py, Parquet here, the other layouts by their own modules.
+
 A group of small objects (chunks.py) reads as its parts one after another, each located as a
 chunk of its own; its records are numbered across the parts. `locate_record` turns a stored
 document's record id back into its object and line, row or document, for any chunk.
@@ -11,23 +13,25 @@ document's record id back into its object and line, row or document, for any chu
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from typing import TypeVar
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-import zstandard
 from tokenfeed.server.errors import SourceError, StoreCorruptError
-from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
+from tokenfeed.server.objstore.objects import ObjectBackend
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source import arrowfiles, mdscolumns, wds
 from tokenfeed.server.source.chunks import Chunk
-from tokenfeed.server.source.provenance import DataStart, PartStart, Provenance
+from tokenfeed.server.source.jsonl import (
+    jsonl_data,
+    jsonl_texts,
+    line_number,
+    read_jsonl,
+    single_start,
+)
+from tokenfeed.server.source.provenance import PartStart, Provenance
 from tokenfeed.server.source.records import BadRecord, ChunkDocuments, gather
 
 REASONS = (
@@ -39,153 +43,7 @@ REASONS = (
     "empty",
     "no_tokens",
 )
-_BLOCK = 4 * 2**20
-_TAIL_READ = 64 * 2**10
 T = TypeVar("T")
-
-
-def _line_range(store: ObjectBackend, chunk: Chunk) -> tuple[bytes, int]:
-    """The bytes of the lines that start in [chunk.start, chunk.end), and where they start."""
-    obj, size = chunk.source, chunk.source.size
-    lo = max(chunk.start - 1, 0)
-    buf = store.read_range(obj, lo, chunk.end)
-    begin = 0
-    if chunk.start > 0:
-        nl = buf.find(b"\n")
-        if nl < 0 or lo + nl + 1 >= chunk.end:
-            return b"", chunk.end
-        begin = nl + 1
-    if not buf.endswith(b"\n") and chunk.end < size:
-        # Finish the last line: small reads first, since lines are usually short.
-        parts, pos, step = [buf], chunk.end, _TAIL_READ
-        while pos < size:
-            more = store.read_range(obj, pos, pos + step)
-            if not more:
-                break
-            k = more.find(b"\n")
-            parts.append(more if k < 0 else more[: k + 1])
-            if k >= 0:
-                break
-            pos, step = pos + len(more), min(step * 4, _BLOCK)
-        buf = b"".join(parts)
-    return buf[begin:], lo + begin
-
-
-@lru_cache(maxsize=65536)
-def _newlines_in_block(store: ObjectBackend, obj: ObjectInfo, k: int) -> int:
-    return store.read_range(obj, k * _BLOCK, (k + 1) * _BLOCK).count(b"\n")
-
-
-def _count_lines_before(store: ObjectBackend, chunk: Chunk, offset: int) -> int:
-    """Newlines in [0, offset). Whole aligned blocks are counted once per process, so locating
-    bad records in many chunks of one file reads the file about once, not once per chunk."""
-    full = offset // _BLOCK
-    count = sum(_newlines_in_block(store, chunk.source, k) for k in range(full))
-    tail = store.read_range(chunk.source, full * _BLOCK, offset)
-    return count + tail.count(b"\n")
-
-
-def _unzstd(raw: bytes) -> bytes:
-    """Every frame of a .zst object; a truncated last frame is an error, not a short read."""
-    out, rest = [], raw
-    while rest:
-        d = zstandard.ZstdDecompressor().decompressobj()
-        out.append(d.decompress(rest))
-        if not d.eof:
-            raise zstandard.ZstdError("truncated: the last frame ends early")
-        rest = d.unused_data
-    return b"".join(out)
-
-
-def _decompressed(store: ObjectBackend, chunk: Chunk) -> bytes:
-    raw = store.read_range(chunk.source, 0, chunk.source.size)
-    try:
-        return gzip.decompress(raw) if chunk.kind == "jsonl.gz" else _unzstd(raw)
-    except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
-        raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
-
-
-def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord]]:
-    """(line index within data, its text or why it is a bad record)."""
-    field = chunk.text_field
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            yield i, BadRecord("empty", "", "blank line")
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield i, BadRecord("invalid_utf8", "", f"byte {e.start} of the line")
-            continue
-        try:
-            record = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            yield i, BadRecord("malformed_json", "", str(e))
-            continue
-        if not isinstance(record, dict):
-            yield i, BadRecord("not_an_object", "", f"a JSON {type(record).__name__}")
-        elif field not in record:
-            yield i, BadRecord("missing_field", "", f"no {field!r} field")
-        elif not isinstance(record[field], str):
-            yield i, BadRecord("not_text", "", f"{field!r} is {type(record[field]).__name__}")
-        elif not record[field]:
-            yield i, BadRecord("empty", "", f"{field!r} is empty")
-        else:
-            yield i, record[field]
-
-
-def _single_start(chunk: Chunk | None, data_start: DataStart) -> int:
-    """The data start of one object's records (a group's parts are read one at a time, each
-    with documents of its own)."""
-    if isinstance(data_start, tuple):
-        what = chunk.describe() if chunk is not None else "a part of a group"
-        raise ValueError(f"{what}: per-part data starts where one object's was expected")
-    return data_start
-
-
-def _read_jsonl(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
-    docs = ChunkDocuments([], [], 0, [])
-    docs.texts = list(_jsonl_texts(store, chunk, docs, _jsonl_data(store, chunk, docs)))
-    return docs
-
-
-def _jsonl_data(store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments) -> bytes:
-    """The chunk's lines (decompressed); where they start goes to `docs`."""
-    if chunk.kind == "jsonl":
-        data, docs.data_start = _line_range(store, chunk)
-        return data
-    docs.data_start = 0
-    return _decompressed(store, chunk)
-
-
-def _jsonl_texts(
-    store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments, data: bytes
-) -> Iterator[str]:
-    """The good texts of the chunk's lines `data`, one at a time; its bad records, record
-    count and record ids go to `docs` as the lines are parsed (its `texts` are the caller's)."""
-    line_base: int | None = 0 if docs.data_start == 0 else None
-    for i, item in _parse_lines(data, chunk):
-        docs.records += 1
-        if isinstance(item, str):
-            docs.record_ids.append(i)
-            yield item
-            continue
-        if line_base is None:  # only paid when a range chunk has a bad record
-            line_base = _count_lines_before(store, chunk, _single_start(chunk, docs.data_start))
-        location = f"{chunk.source.uri}:{line_base + i + 1}"
-        docs.bad.append(BadRecord(item.reason, location, item.detail))
-
-
-def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int) -> int:
-    """1-based line of the chunk's `record`-th record (simple JSON Lines chunks; any chunk:
-    `locate_record`)."""
-    if chunk.parts:
-        raise ValueError(f"{chunk.describe()}: a group; locate_record finds its part")
-    before = _count_lines_before(store, chunk, data_start) if data_start else 0
-    return before + record + 1
 
 
 def locate_record(
@@ -282,7 +140,7 @@ def read_documents(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
         return _read_parquet(store, chunk)
     if chunk.kind in _LAYOUT_TEXTS:
         return gather(_LAYOUT_TEXTS[chunk.kind](store, chunk))
-    return _read_jsonl(store, chunk)
+    return read_jsonl(store, chunk)
 
 
 # Text kinds whose module reads a chunk's records (each a text or a bad record), in order.
@@ -310,8 +168,8 @@ def read_pieces(
         n = docs_per_piece
         return whole, (texts[i : i + n] for i in range(0, len(texts), n))
     docs = ChunkDocuments([], [], 0, [])
-    data = _jsonl_data(store, chunk, docs)
-    return docs, _batched(_jsonl_texts(store, chunk, docs, data), docs_per_piece)
+    data = jsonl_data(store, chunk, docs)
+    return docs, _batched(jsonl_texts(store, chunk, docs, data), docs_per_piece)
 
 
 def _batched(items: Iterator[str], n: int) -> Iterator[list[str]]:
@@ -337,5 +195,5 @@ def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
         bad,
         base,
         ids,
-        tuple(PartStart(d.records, _single_start(None, d.data_start)) for d in parts),
+        tuple(PartStart(d.records, single_start(None, d.data_start)) for d in parts),
     )

@@ -1,0 +1,166 @@
+"""JSON Lines (plain, gzip or zstd) read where it lies: a chunk's byte range finished to whole
+lines, or a compressed object whole; each line's text field parsed, every bad record located by
+its line (`uri:line`, whose count before a range is read once per block and process)."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterator
+from functools import lru_cache
+
+import orjson
+import zstandard
+from tokenfeed.server.errors import SourceError
+from tokenfeed.server.objstore.objects import ObjectBackend, ObjectInfo
+from tokenfeed.server.source.chunks import Chunk
+from tokenfeed.server.source.provenance import DataStart
+from tokenfeed.server.source.records import BadRecord, ChunkDocuments
+
+_BLOCK = 4 * 2**20
+_TAIL_READ = 64 * 2**10
+
+
+def _line_range(store: ObjectBackend, chunk: Chunk) -> tuple[bytes, int]:
+    """The bytes of the lines that start in [chunk.start, chunk.end), and where they start."""
+    obj, size = chunk.source, chunk.source.size
+    lo = max(chunk.start - 1, 0)
+    buf = store.read_range(obj, lo, chunk.end)
+    begin = 0
+    if chunk.start > 0:
+        nl = buf.find(b"\n")
+        if nl < 0 or lo + nl + 1 >= chunk.end:
+            return b"", chunk.end
+        begin = nl + 1
+    if not buf.endswith(b"\n") and chunk.end < size:
+        # Finish the last line: small reads first, since lines are usually short.
+        parts, pos, step = [buf], chunk.end, _TAIL_READ
+        while pos < size:
+            more = store.read_range(obj, pos, pos + step)
+            if not more:
+                break
+            k = more.find(b"\n")
+            parts.append(more if k < 0 else more[: k + 1])
+            if k >= 0:
+                break
+            pos, step = pos + len(more), min(step * 4, _BLOCK)
+        buf = b"".join(parts)
+    return buf[begin:], lo + begin
+
+
+@lru_cache(maxsize=65536)
+def _newlines_in_block(store: ObjectBackend, obj: ObjectInfo, k: int) -> int:
+    return store.read_range(obj, k * _BLOCK, (k + 1) * _BLOCK).count(b"\n")
+
+
+def _count_lines_before(store: ObjectBackend, chunk: Chunk, offset: int) -> int:
+    """Newlines in [0, offset). Whole aligned blocks are counted once per process, so locating
+    bad records in many chunks of one file reads the file about once, not once per chunk."""
+    full = offset // _BLOCK
+    count = sum(_newlines_in_block(store, chunk.source, k) for k in range(full))
+    tail = store.read_range(chunk.source, full * _BLOCK, offset)
+    return count + tail.count(b"\n")
+
+
+def _unzstd(raw: bytes) -> bytes:
+    """Every frame of a .zst object; a truncated last frame is an error, not a short read."""
+    out, rest = [], raw
+    while rest:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out.append(d.decompress(rest))
+        if not d.eof:
+            raise zstandard.ZstdError("truncated: the last frame ends early")
+        rest = d.unused_data
+    return b"".join(out)
+
+
+def _decompressed(store: ObjectBackend, chunk: Chunk) -> bytes:
+    raw = store.read_range(chunk.source, 0, chunk.source.size)
+    try:
+        return gzip.decompress(raw) if chunk.kind == "jsonl.gz" else _unzstd(raw)
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
+        raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
+
+
+def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord]]:
+    """(line index within data, its text or why it is a bad record)."""
+    field = chunk.text_field
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            yield i, BadRecord("empty", "", "blank line")
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield i, BadRecord("invalid_utf8", "", f"byte {e.start} of the line")
+            continue
+        try:
+            record = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            yield i, BadRecord("malformed_json", "", str(e))
+            continue
+        if not isinstance(record, dict):
+            yield i, BadRecord("not_an_object", "", f"a JSON {type(record).__name__}")
+        elif field not in record:
+            yield i, BadRecord("missing_field", "", f"no {field!r} field")
+        elif not isinstance(record[field], str):
+            yield i, BadRecord("not_text", "", f"{field!r} is {type(record[field]).__name__}")
+        elif not record[field]:
+            yield i, BadRecord("empty", "", f"{field!r} is empty")
+        else:
+            yield i, record[field]
+
+
+def single_start(chunk: Chunk | None, data_start: DataStart) -> int:
+    """The data start of one object's records (a group's parts are read one at a time, each
+    with documents of its own)."""
+    if isinstance(data_start, tuple):
+        what = chunk.describe() if chunk is not None else "a part of a group"
+        raise ValueError(f"{what}: per-part data starts where one object's was expected")
+    return data_start
+
+
+def read_jsonl(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
+    """The documents of a simple JSON Lines chunk, all at once."""
+    docs = ChunkDocuments([], [], 0, [])
+    docs.texts = list(jsonl_texts(store, chunk, docs, jsonl_data(store, chunk, docs)))
+    return docs
+
+
+def jsonl_data(store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments) -> bytes:
+    """The chunk's lines (decompressed); where they start goes to `docs`."""
+    if chunk.kind == "jsonl":
+        data, docs.data_start = _line_range(store, chunk)
+        return data
+    docs.data_start = 0
+    return _decompressed(store, chunk)
+
+
+def jsonl_texts(
+    store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments, data: bytes
+) -> Iterator[str]:
+    """The good texts of the chunk's lines `data`, one at a time; its bad records, record
+    count and record ids go to `docs` as the lines are parsed (its `texts` are the caller's)."""
+    line_base: int | None = 0 if docs.data_start == 0 else None
+    for i, item in _parse_lines(data, chunk):
+        docs.records += 1
+        if isinstance(item, str):
+            docs.record_ids.append(i)
+            yield item
+            continue
+        if line_base is None:  # only paid when a range chunk has a bad record
+            line_base = _count_lines_before(store, chunk, single_start(chunk, docs.data_start))
+        location = f"{chunk.source.uri}:{line_base + i + 1}"
+        docs.bad.append(BadRecord(item.reason, location, item.detail))
+
+
+def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int) -> int:
+    """1-based line of the chunk's `record`-th record (simple JSON Lines chunks; any chunk:
+    `locate_record`)."""
+    if chunk.parts:
+        raise ValueError(f"{chunk.describe()}: a group; locate_record finds its part")
+    before = _count_lines_before(store, chunk, data_start) if data_start else 0
+    return before + record + 1
