@@ -63,13 +63,13 @@ def test_a_plans_buffers_are_laid_out_once_with_tails_cut_from_the_next(
     plan = job.plan_steps(steps, 0, 1)
     made = _counting(monkeypatch)
     verified: list[tuple[int, int]] = []
-    real_verified = job.assembler._verified
+    real_verified = job.assembler.opened.verified
 
     def counted(d, c):
         verified.append((d, c))
         return real_verified(d, c)
 
-    monkeypatch.setattr(job.assembler, "_verified", counted)
+    monkeypatch.setattr(job.assembler.opened, "verified", counted)
 
     async def open_twice():
         with ThreadPoolExecutor(4) as pool:

@@ -1,71 +1,35 @@
 """A job's batches from its plans: the chunks a plan reads are opened (disk work, in a worker
 thread: `open_chunks`), then the pure packing functions assemble the rows from the stored
-tokens, in the wire's dtype.
-
-Under concat each (dataset, epoch, chunk) stream is laid out once in the epoch's order of the
-chunk's documents, followed by the units its last row reads past the chunk's end: its row
-buffer (`server.stream_cache_bytes`), so every row is one slice copy of the buffer of the
-chunk it starts in. What is served is always copied from a chunk verified at the time of the
-copy: damage to a body under a running server is found then, and the chunk rebuilt, never
-served.
+tokens, in the wire's dtype: concat rows as slices of row buffers (rowbuffers.py), best_fit rows
+from their chunks' best-fit layouts, a later segment's padded carry rows from its carry blocks.
+The chunks themselves, verified at each copy, are opened.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xxhash
 from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
-from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError, StoreCorruptError
+from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError
 from tokenfeed.server.pack import bestfit, packing
+from tokenfeed.server.pack.opened import DatasetChunks, OpenedChunks
+from tokenfeed.server.pack.rowbuffers import BUFFERS_MAX, RowBuffers, _dataset, _segment
 from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.planner import RowPlan
 
 if TYPE_CHECKING:
     from tokenfeed.server.settings.config import JobSpec
-    from tokenfeed.server.store.chunkfiles import ChunkIndex
-    from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
+    from tokenfeed.server.store.tokstore import TokenStore
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
-
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-class _Keys(Protocol):
-    """A dataset's chunk keys (indexing/chunkkeys.py): by chunk, and a chunk by its key."""
-
-    def __getitem__(self, chunk: int) -> str: ...
-
-    def get(self, key: str) -> int | None: ...
-
-
-class DatasetChunks(Protocol):
-    """What assembly reads of a dataset's index (indexing/index.py's DatasetIndex): its chunks'
-    keys in the token store and counts, and a chunk's tokens, rebuilt when evicted."""
-
-    @property
-    def dataset(self) -> _Named: ...
-    @property
-    def keys(self) -> _Keys: ...
-    @property
-    def num_docs(self) -> np.ndarray: ...
-    @property
-    def num_tokens(self) -> np.ndarray: ...
-
-    def open_body(self, i: int) -> tuple[ChunkIndex, TokenChunk]: ...
-
-
-BUFFERS_MAX = 1 << 20  # row buffers kept at most, whatever their bytes: about 100 MB of keys
+__all__ = ["Assembler", "DatasetChunks"]
 
 
 class Assembler:
@@ -82,35 +46,46 @@ class Assembler:
         identity: Callable[[], str] = str,
     ):
         self.spec, self.indexes, self.store, self._fail = spec, indexes, store, fail
-        # In a serving worker: row buffers laid out once for every process of the node, named
-        # by `identity` (what decides their bytes; empty: not shared yet), sharedrows.py.
-        self.shared, self._identity = shared, identity
-        # (dataset, epoch, position, segment) -> what a row buffer holds past its chunk
-        self._tail = tail
-        # (dataset, segment, block) -> the pieces of a segment's carry block, and its joins
-        self._carry = carry
         self.tokenizer: TextTokenizer | None = None  # set once the job's tokenizer is loaded
-        # A job packs one way: concat streams per (dataset, epoch, chunk), or best-fit layouts
-        # per (dataset, chunk).
-        self._streams: LRU[tuple[int, int, int], packing.ChunkStream] = LRU(512)
-        self._layouts: LRU[tuple[int, int, int], bestfit.BestFitLayout] = LRU(512)
-        self._open: LRU[tuple[int, int], TokenChunk] = LRU(256)
-        # Row buffers per (dataset, epoch, chunk), or best_fit's verified tokens per (dataset,
-        # chunk), in this much memory: a row is then one slice copy (bench/, wire section).
-        # Bounded by bytes, not by count: a corpus of 20,000 chunks of 1 KB has as many small
-        # buffers an epoch, and a cap of 4096 laid them out again on every read (bench/, scale).
-        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(
-            BUFFERS_MAX, stream_cache_bytes
+        get = self._loaded
+        self.opened = OpenedChunks(spec, indexes, store, get, stream_cache_bytes, BUFFERS_MAX)
+        self.rows = RowBuffers(
+            self.opened,
+            get,
+            lambda: self.wire_dtype,
+            stream_cache_bytes,
+            tail,
+            carry,
+            shared,
+            identity,
         )
-        self.tokens: LRU[tuple[int, int], np.ndarray] = LRU(BUFFERS_MAX, stream_cache_bytes)
-        # xxh3-128 of each chunk's tokens as mapped when its digests were last checked
-        # (`_verified`): 16 bytes a chunk.
-        self._sums: dict[str, bytes] = {}
-        # Row buffers being laid out, by key: a buffer is laid out once for every stream and
-        # rank that needs it (the others wait for it), never once per thread that missed it.
-        self._making: dict[tuple[Any, int, int], threading.Event] = {}
-        self._making_lock = threading.Lock()
-        store.cache.on_evict(self._forget)
+        self.chunk, self.stream = self.opened.chunk, self.opened.stream
+        self.bestfit_tokens, self.bestfit_layout = (
+            self.opened.bestfit_tokens,
+            self.opened.bestfit_layout,
+        )
+        self.forget_gone, self.row_buffer = self.opened.forget_gone, self.rows.row_buffer
+
+    @property
+    def buffers(self) -> LRU[tuple[Any, int, int], packing.RowBuffer]:
+        """The row buffers kept (rowbuffers.py)."""
+        return self.rows.buffers
+
+    @buffers.setter
+    def buffers(self, lru: LRU[tuple[Any, int, int], packing.RowBuffer]) -> None:
+        self.rows.buffers = lru
+
+    @property
+    def tokens(self) -> LRU[tuple[int, int], np.ndarray]:
+        """best_fit's verified copies of chunks' tokens (opened.py)."""
+        return self.opened.tokens
+
+    @tokens.setter
+    def tokens(self, lru: LRU[tuple[int, int], np.ndarray]) -> None:
+        self.opened.tokens = lru
+
+    def _loaded(self) -> TextTokenizer:
+        return self.loaded_tokenizer
 
     @property
     def wire_dtype(self) -> np.dtype:
@@ -146,7 +121,7 @@ class Assembler:
             reverse=True,
         )
         if keys:
-            missing.append(partial(self._row_buffers, keys))
+            missing.append(partial(self.rows.lay_out_all, keys))
         chunks = {
             (_dataset(key), c)
             for key, _, c, _ in _buffers(plan, bestfit=True)
@@ -160,10 +135,6 @@ class Assembler:
             except (SourceError, BadRecordError) as e:
                 self._fail(str(e))
                 raise JobFailedError(str(e)) from e
-
-    def _row_buffers(self, keys: list[tuple[Any, int, int, int]]) -> None:
-        for key in keys:
-            self.row_buffer(*key)
 
     # ---------------------------------------------------------------- batches
 
@@ -267,182 +238,6 @@ class Assembler:
                 for name, arr in rows.items():  # padding slots hold EOS, masked by loss_mask
                     out[name][part.slots[sel]] = arr
 
-    # ---------------------------------------------------------------- opened chunks
-
-    def chunk(self, d: int, c: int) -> TokenChunk:
-        return self._open.get_or_make((d, c), lambda: self._load(d, c))
-
-    def _load(self, d: int, c: int) -> TokenChunk:
-        # An evicted or corrupt body is rebuilt: tokenization is deterministic, so the rebuilt
-        # chunk has the same bytes (its digest is checked against the index).
-        idx = self.indexes[d]
-        return self._checked(idx, c, idx.open_body(c)[1])
-
-    def forget_gone(self) -> int:
-        """In a serving worker: drop the mappings of bodies the supervisor has evicted since
-        (so their disk space is freed); the number dropped."""
-        gone = [(d, c) for d, c in self._open.keys() if self.store.gone(self.indexes[d].keys[c])]
-        for key in gone:
-            self._open.discard(key)
-        return len(gone)
-
-    def _forget(self, entry: tuple[str, str]) -> None:
-        """An evicted body is no longer mapped here (called with the cache's lock held)."""
-        kind, key = entry
-        self._sums.pop(key, None)
-        for d, idx in enumerate(self.indexes):
-            c = idx.keys.get(key) if kind == "chunk" else None
-            if c is not None:
-                self._open.discard((d, c))
-
-    @staticmethod
-    def _checked(idx: DatasetChunks, c: int, chunk: TokenChunk) -> TokenChunk:
-        if len(chunk.doc_lengths) != idx.num_docs[c] or chunk.tokens.size != idx.num_tokens[c]:
-            raise StoreCorruptError(
-                f"token chunk {idx.keys[c]} holds {len(chunk.doc_lengths)} documents and "
-                f"{chunk.tokens.size} tokens, the index says {idx.num_docs[c]} and "
-                f"{idx.num_tokens[c]}"
-            )
-        return chunk
-
-    def stream(self, d: int, epoch: int, c: int) -> packing.ChunkStream:
-        def make() -> packing.ChunkStream:
-            chunk, s, name = self.chunk(d, c), self.spec, self.indexes[d].dataset.name
-            doc_order = order.document_order(len(chunk.doc_lengths), s.seed, name, epoch, c)
-            return packing.concat_stream(
-                chunk.doc_offsets, chunk.doc_lengths, doc_order, self.loaded_tokenizer.add_bos
-            )
-
-        return self._streams.get_or_make((d, epoch, c), make)
-
-    def row_buffer(
-        self, key: int | tuple[int, int], epoch: int, c: int, position: int
-    ) -> packing.RowBuffer:
-        """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
-        concat stream and its tail, in the wire's dtype. `key` is the dataset, or (dataset,
-        segment) for a later segment's rows (another tail); epoch -1 names a carry block. Laid
-        out by one thread at a time: another that needs it meanwhile waits for it."""
-        if epoch < 0:
-            return self._once((key, -1, c), partial(self._lay_carry, key, c))
-        return self._once((key, epoch, c), partial(self._lay_out, key, epoch, c, position))
-
-    def _once(
-        self, key: tuple[Any, int, int], make: Callable[[], packing.RowBuffer]
-    ) -> packing.RowBuffer:
-        """The row buffer `key`, made by `make` in this thread unless another thread is making
-        it (then this one waits for it, and makes it itself if that one failed); in a serving
-        worker, mapped from another process's layout where there is one."""
-        shared = self.shared
-        if shared is not None and (identity := self._identity()):
-            dkey, epoch, c = key
-            name = f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
-            laid_out = make
-
-            def make() -> packing.RowBuffer:
-                return shared.get_or_make(name, laid_out, self.wire_dtype)
-
-        while True:
-            found = self.buffers.get(key)
-            if found is not None:
-                return found
-            with self._making_lock:
-                making = self._making.get(key)
-                if making is None:
-                    making = self._making[key] = threading.Event()
-                    break
-            making.wait()
-        try:
-            return self.buffers.get_or_make(key, make)
-        finally:
-            with self._making_lock:
-                del self._making[key]
-            making.set()
-
-    def _lay_out(
-        self, key: int | tuple[int, int], epoch: int, c: int, position: int
-    ) -> packing.RowBuffer:
-        d, segment = (key, 0) if isinstance(key, int) else key
-        t = self.loaded_tokenizer
-        tail = self._laid(d, self._tail(d, epoch, position, segment))
-        return packing.row_buffer(
-            self.stream(d, epoch, c),
-            self._verified(d, c).tokens,
-            tail,
-            t.bos_id,
-            t.eos_id,
-            self.wire_dtype,
-        )
-
-    def _lay_carry(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
-        """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
-        verified chunks, one after another, a document segment starting at each join."""
-        if isinstance(key, int):
-            raise ValueError("a dataset's first segment has no carry")
-        d, segment = key
-        pc, joins = self._carry(d, segment, block)
-        laid = self._laid(d, pc)
-        ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self.wire_dtype)
-        at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
-        found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
-        starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
-        return packing.RowBuffer(ids, starts.astype(np.int64))
-
-    def _laid(self, d: int, pc: order.Pieces) -> list[packing.RowBuffer]:
-        """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
-        keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
-        cols = (pc.epoch.tolist(), pc.chunk.tolist(), pc.lo.tolist(), pc.hi.tolist())
-        with self.store.cache.pinned(keys):
-            return [self._tail_piece(d, e, k, lo, hi) for e, k, lo, hi in zip(*cols, strict=True)]
-
-    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
-        """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
-        is laid out (copied from a verified chunk then), else copied from the chunk verified
-        now. Both are the same bytes."""
-        laid_out = self.buffers.peek((d, epoch, c))
-        if laid_out is not None:
-            return laid_out.cut(lo, hi)
-        t = self.loaded_tokenizer
-        tokens = self._verified(d, c).tokens
-        return packing.stream_slice(
-            self.stream(d, epoch, c), tokens, lo, hi, t.bos_id, t.eos_id, self.wire_dtype
-        )
-
-    def _verified(self, d: int, c: int) -> TokenChunk:
-        """Chunk c opened with its tokens checked now, whatever was checked before: what is
-        served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
-        while the server runs is found at the next copy, and the chunk rebuilt, never served.
-        The first copy in this process checks the body's digests (the store's BLAKE2b, on
-        open) and keeps an xxh3-128 of the tokens as mapped; a later copy from the same
-        mapping compares the tokens with that at memory speed (BLAKE2b on every epoch's
-        layout cost about 3 ns a token, more than the rest of serving: bench/, wire section),
-        and on a mismatch checks the digests again, which drops and rebuilds a damaged body."""
-        key = self.indexes[d].keys[c]
-        opened, want = self._open.peek((d, c)), self._sums.get(key)
-        if opened is not None and want is not None and not self.store.gone(key):
-            if _tokens_sum(opened) == want:
-                return opened
-        self.store.forget_verified(key)
-        self._open.discard((d, c))
-        chunk = self.chunk(d, c)
-        self._sums[key] = _tokens_sum(chunk)
-        return chunk
-
-    def bestfit_tokens(self, d: int, c: int) -> np.ndarray:
-        """Chunk c's tokens, verified and copied (best_fit reads rows from them)."""
-        return self.tokens.get_or_make((d, c), lambda: np.array(self._verified(d, c).tokens))
-
-    def bestfit_layout(self, d: int, c: int, seq_len: int | None = None) -> bestfit.BestFitLayout:
-        """Chunk c's best-fit layout at `seq_len` (the job's by default; a phase may change
-        it). Best-fit rows do not depend on the epoch's document order (the rows are
-        permuted)."""
-        L = self.spec.seq_len if seq_len is None else seq_len
-
-        def make() -> bestfit.BestFitLayout:
-            lengths = self.chunk(d, c).doc_lengths
-            return bestfit.bestfit_layout(lengths, L, self.loaded_tokenizer.add_bos)
-
-        return self._layouts.get_or_make((d, c, L), make)
-
 
 def _buffers(plan: RowPlan, bestfit: bool) -> set[tuple[Any, int, int, int]]:
     """(dataset key, epoch, chunk, position) of the chunks (or carry blocks) a plan's rows start
@@ -456,16 +251,3 @@ def _buffers(plan: RowPlan, bestfit: bool) -> set[tuple[Any, int, int, int]]:
             cols = (s.epoch.tolist(), s.chunk.tolist(), s.position.tolist())
             out.update((p.key, e, c, q) for e, c, q in zip(*cols, strict=True))
     return out
-
-
-def _dataset(key: int | tuple[int, int]) -> int:
-    """The dataset of a row buffer's key (the dataset, or (dataset, segment))."""
-    return key if isinstance(key, int) else key[0]
-
-
-def _segment(key: int | tuple[int, int]) -> int:
-    return 0 if isinstance(key, int) else key[1]
-
-
-def _tokens_sum(chunk: TokenChunk) -> bytes:
-    return xxhash.xxh3_128_digest(np.ascontiguousarray(chunk.tokens).data)

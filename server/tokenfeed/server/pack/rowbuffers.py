@@ -1,0 +1,165 @@
+"""Row buffers: under concat each (dataset, epoch, chunk) stream is laid out once in the epoch's
+order of the chunk's documents, followed by the units its last row reads past the chunk's end
+(its tail), so every row is one slice copy of the buffer of the chunk it starts in; a carry block
+(the carry of a later segment, planner.carry_block) is laid out the same way. Kept in
+`server.stream_cache_bytes`, laid out by one thread at a time, and in a serving worker shared
+with the node's other processes (sharedrows.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tokenfeed.server.diskcache.lru import LRU
+from tokenfeed.server.pack import packing
+from tokenfeed.server.pack.opened import OpenedChunks
+from tokenfeed.server.pack.sharedrows import SharedRows
+from tokenfeed.server.sampling import order
+
+if TYPE_CHECKING:
+    from tokenfeed.server.tokenizer.tokenize import TextTokenizer
+
+BUFFERS_MAX = 1 << 20  # row buffers kept at most, whatever their bytes: about 100 MB of keys
+
+
+class RowBuffers:
+    def __init__(
+        self,
+        opened: OpenedChunks,
+        tokenizer: Callable[[], TextTokenizer],
+        wire_dtype: Callable[[], np.dtype],
+        stream_cache_bytes: int,
+        tail: Callable[[int, int, int, int], order.Pieces],
+        carry: Callable[[int, int, int], tuple[order.Pieces, list[int]]],
+        shared: SharedRows | None = None,
+        identity: Callable[[], str] = str,
+    ):
+        self.opened, self._tokenizer, self._wire_dtype = opened, tokenizer, wire_dtype
+        self.indexes, self.store = opened.indexes, opened.store
+        # In a serving worker: row buffers laid out once for every process of the node, named
+        # by `identity` (what decides their bytes; empty: not shared yet), sharedrows.py.
+        self.shared, self._identity = shared, identity
+        # (dataset, epoch, position, segment) -> what a row buffer holds past its chunk
+        self._tail = tail
+        # (dataset, segment, block) -> the pieces of a segment's carry block, and its joins
+        self._carry = carry
+        # Row buffers per (dataset, epoch, chunk) in this much memory: a row is then one slice
+        # copy (bench/, wire section). Bounded by bytes, not by count: a corpus of 20,000
+        # chunks of 1 KB has as many small buffers an epoch, and a cap of 4096 laid them out
+        # again on every read (bench/, scale).
+        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(
+            BUFFERS_MAX, stream_cache_bytes
+        )
+        # Row buffers being laid out, by key: a buffer is laid out once for every stream and
+        # rank that needs it (the others wait for it), never once per thread that missed it.
+        self._making: dict[tuple[Any, int, int], threading.Event] = {}
+        self._making_lock = threading.Lock()
+
+    def lay_out_all(self, keys: list[tuple[Any, int, int, int]]) -> None:
+        for key in keys:
+            self.row_buffer(*key)
+
+    def row_buffer(
+        self, key: int | tuple[int, int], epoch: int, c: int, position: int
+    ) -> packing.RowBuffer:
+        """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
+        concat stream and its tail, in the wire's dtype. `key` is the dataset, or (dataset,
+        segment) for a later segment's rows (another tail); epoch -1 names a carry block. Laid
+        out by one thread at a time: another that needs it meanwhile waits for it."""
+        if epoch < 0:
+            return self._once((key, -1, c), partial(self._lay_carry, key, c))
+        return self._once((key, epoch, c), partial(self._lay_out, key, epoch, c, position))
+
+    def _once(
+        self, key: tuple[Any, int, int], make: Callable[[], packing.RowBuffer]
+    ) -> packing.RowBuffer:
+        """The row buffer `key`, made by `make` in this thread unless another thread is making
+        it (then this one waits for it, and makes it itself if that one failed); in a serving
+        worker, mapped from another process's layout where there is one."""
+        shared = self.shared
+        if shared is not None and (identity := self._identity()):
+            dkey, epoch, c = key
+            name = f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
+            laid_out = make
+
+            def make() -> packing.RowBuffer:
+                return shared.get_or_make(name, laid_out, self._wire_dtype())
+
+        while True:
+            found = self.buffers.get(key)
+            if found is not None:
+                return found
+            with self._making_lock:
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()
+        try:
+            return self.buffers.get_or_make(key, make)
+        finally:
+            with self._making_lock:
+                del self._making[key]
+            making.set()
+
+    def _lay_out(
+        self, key: int | tuple[int, int], epoch: int, c: int, position: int
+    ) -> packing.RowBuffer:
+        d, segment = (key, 0) if isinstance(key, int) else key
+        t = self._tokenizer()
+        tail = self._laid(d, self._tail(d, epoch, position, segment))
+        return packing.row_buffer(
+            self.opened.stream(d, epoch, c),
+            self.opened.verified(d, c).tokens,
+            tail,
+            t.bos_id,
+            t.eos_id,
+            self._wire_dtype(),
+        )
+
+    def _lay_carry(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
+        """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
+        verified chunks, one after another, a document segment starting at each join."""
+        if isinstance(key, int):
+            raise ValueError("a dataset's first segment has no carry")
+        d, segment = key
+        pc, joins = self._carry(d, segment, block)
+        laid = self._laid(d, pc)
+        ids = np.concatenate([b.ids for b in laid]) if laid else np.zeros(0, self._wire_dtype())
+        at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
+        found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
+        starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
+        return packing.RowBuffer(ids, starts.astype(np.int64))
+
+    def _laid(self, d: int, pc: order.Pieces) -> list[packing.RowBuffer]:
+        """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
+        keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
+        cols = (pc.epoch.tolist(), pc.chunk.tolist(), pc.lo.tolist(), pc.hi.tolist())
+        with self.store.cache.pinned(keys):
+            return [self._tail_piece(d, e, k, lo, hi) for e, k, lo, hi in zip(*cols, strict=True)]
+
+    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
+        """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
+        is laid out (copied from a verified chunk then), else copied from the chunk verified
+        now. Both are the same bytes."""
+        laid_out = self.buffers.peek((d, epoch, c))
+        if laid_out is not None:
+            return laid_out.cut(lo, hi)
+        t = self._tokenizer()
+        tokens = self.opened.verified(d, c).tokens
+        return packing.stream_slice(
+            self.opened.stream(d, epoch, c), tokens, lo, hi, t.bos_id, t.eos_id, self._wire_dtype()
+        )
+
+
+def _dataset(key: int | tuple[int, int]) -> int:
+    """The dataset of a row buffer's key (the dataset, or (dataset, segment))."""
+    return key if isinstance(key, int) else key[0]
+
+
+def _segment(key: int | tuple[int, int]) -> int:
+    return 0 if isinstance(key, int) else key[1]
