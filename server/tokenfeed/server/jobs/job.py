@@ -4,12 +4,11 @@ the batches it serves.
 A batch is planned (which dataset row fills each position, then where each row lives: pure
 order arithmetic), its chunks are opened (disk work: `open_chunks` runs it in a worker thread,
 so a slow or corrupt chunk never stalls other calls), and it is assembled by the pure packing
-functions from the stored tokens.
+functions from the stored tokens. Its build, from start to ready, is building.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from concurrent.futures import Executor
 from typing import Protocol
@@ -19,19 +18,17 @@ from tokenfeed.client import wire
 from tokenfeed.server.dataplan.keeper import PlanKeeper
 from tokenfeed.server.dataplan.model import DataPlan
 from tokenfeed.server.errors import (
-    CacheTooSmallError,
     JobFailedError,
     LocalError,
     NotBuiltError,
     NotReadyError,
     ObjectStoreError,
-    RequestError,
     SourceError,
     TokenfeedError,
 )
 from tokenfeed.server.indexing.index import FAILED, INDEXING, READY, DatasetIndex, JobState
 from tokenfeed.server.indexing.owner import ChunkOwner
-from tokenfeed.server.jobs.backoff import with_backoff
+from tokenfeed.server.jobs.building import JobBuild
 from tokenfeed.server.jobs.identity import JobIdentity
 from tokenfeed.server.jobs.jobplan import JobPlan
 from tokenfeed.server.jobs.progress import Progress
@@ -82,12 +79,14 @@ class Job:
         # The data plan: the config's until the job's plan log is open (build_index), then the
         # log's, and each version appended to it (jobplan.py, dataplan/).
         self.plans = JobPlan(spec, keeper, self._plan_changed)
+        self.refused = ""  # a job-level refusal (the cache cannot hold its working set)
+        # Its build, from start to ready, and what requests wait on meanwhile (building.py).
+        self.build = JobBuild(self)
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
         # (DatasetIndex's annotation says the tokenizer is always there).
         self.indexes: list[DatasetIndex] = []
         for d in self.plans.plan.datasets:
             self.indexes.append(self._index(d))
-        self._building: tuple[asyncio.AbstractEventLoop, Executor, int, bool] | None = None
         # A phase that changes the packing reads the datasets' documents (jobs/shapes.py).
         self.shapes = ChunkShapes(
             spec.name, spec.seed, self.indexes, self._doc_lengths, self._add_bos, self._counted
@@ -105,23 +104,17 @@ class Job:
             rows,
             self._layout_identity,
         )
-        self._ready = asyncio.Event()
         self.identity = JobIdentity(spec, self.plans)
         self.progress = Progress()
-        self._built_more = asyncio.Event()  # set (and replaced) whenever more rows are built
         # The tokenizer may live in object storage: a fetch that fails is this job's problem
         # only (retried by build_index like any storage failure), a file that is not a
         # tokenizer fails the job; the server and its other jobs serve on.
         self.tokenizer: TextTokenizer | None = None
-        self._tokenizer_error = ""
-        self._plan_error = ""
-        self._failure = ""  # a job-level refusal (the cache cannot hold its working set)
-        self._added_builds: set[asyncio.Future] = set()
         try:
             self.load_tokenizer()
         except LocalError as e:
-            self._tokenizer_error = f"tokenizer {spec.tokenizer.path}: {e}; retrying"
-            log.warning("job %s: %s", self.name, self._tokenizer_error)
+            self.build.tokenizer_error = f"tokenizer {spec.tokenizer.path}: {e}; retrying"
+            log.warning("job %s: %s", self.name, self.build.tokenizer_error)
         except TokenfeedError as e:
             self.fail(f"tokenizer: {e}")
 
@@ -142,7 +135,7 @@ class Job:
             position=position,
             seq_len=first.seq_len,
         )
-        idx.listeners.append(self._on_built)
+        idx.listeners.append(self.build.wake)
         return idx
 
     def _plan_changed(self, old: DataPlan, new: DataPlan) -> None:
@@ -152,9 +145,7 @@ class Job:
         for dataset in new.datasets[len(self.indexes) :]:
             idx = self._index(dataset)
             self.indexes.append(idx)
-            if self._building is not None:
-                loop, executor, parallel, retry = self._building
-                loop.call_soon_threadsafe(self._build_added, idx, executor, parallel, retry)
+            self.build.add(idx)
         self._use_plan()
 
     def _use_plan(self) -> None:
@@ -165,9 +156,9 @@ class Job:
             self.plans.seq_len,
             [(p.start_step, p.seq_len, p.packing) for p in plan.phases],
         )
-        self._count_shapes()
+        self.count_shapes()
 
-    def _count_shapes(self) -> None:
+    def count_shapes(self) -> None:
         """Start counting the best-fit rows a phase of another packing or seq_len needs, as
         soon as the plan has it (the phase starts at least plan_freeze_steps later)."""
         for p in self.plans.plan.phases:
@@ -189,25 +180,7 @@ class Job:
 
     def _counted(self) -> None:
         """From a thread: a count a phase of another packing waited for is done."""
-        building = self._building
-        if building is not None:
-            building[0].call_soon_threadsafe(self._on_built)
-
-    def _build_added(
-        self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool
-    ) -> None:
-        """On the loop: build a dataset the plan added while the job runs."""
-        log.info("job %s: dataset %s added by the plan; building its index", self.name, idx.name)
-        self._on_built()
-        task = asyncio.ensure_future(self._build_one(idx, executor, parallel, retry))
-        self._added_builds.add(task)
-        task.add_done_callback(self._added_builds.discard)
-
-    async def _build_one(
-        self, idx: DatasetIndex, executor: Executor, parallel: int, retry: bool
-    ) -> None:
-        await idx.build(executor, parallel, retry)
-        self._claim(parallel)
+        self.build.wake_from_thread()
 
     @property
     def schedule(self) -> Schedule:
@@ -221,13 +194,14 @@ class Job:
     @property
     def state(self) -> JobState:
         states = {i.state for i in self.indexes}
-        if FAILED in states or self._failure:
+        if FAILED in states or self.refused:
             return FAILED
         return READY if states == {READY} else INDEXING
 
     @property
     def error(self) -> str:
-        own = [e for e in (self._failure, self._tokenizer_error, self._plan_error) if e]
+        b = self.build
+        own = [e for e in (self.refused, b.tokenizer_error, b.plan_error) if e]
         return "; ".join([i.error for i in self.indexes if i.error] + own)
 
     def load_tokenizer(self) -> TextTokenizer:
@@ -248,7 +222,7 @@ class Job:
             self.tokenizer = self.assembler.tokenizer = TextTokenizer(self.spec.tokenizer, raw)
             for idx in self.indexes:
                 idx.tokenizer = self.tokenizer
-            self._tokenizer_error = ""
+            self.build.tokenizer_error = ""
         return self.tokenizer
 
     @property
@@ -278,100 +252,24 @@ class Job:
         k = self.plans.phase_at(step)
         return chain[k] if chain else (self.plans.plan.phases[k].start_step, "")
 
-    async def _fetch_tokenizer(self, executor: Executor, retry: bool) -> bool:
-        """Load the tokenizer, retrying fetch failures with backoff until it loads, or the job
-        fails (the file is not a tokenizer) or is cancelled."""
-        if self.tokenizer is not None:
-            return not self._failure
-        loop = asyncio.get_running_loop()
-
-        def note(error: str) -> None:
-            self._tokenizer_error = error
-
-        return await with_backoff(
-            lambda: loop.run_in_executor(executor, self.load_tokenizer),
-            job=self.name,
-            what="tokenizer",
-            retrying=f"tokenizer {self.spec.tokenizer.path}",
-            retry=retry,
-            note=note,
-            fail=self.fail,
-            wake=self._on_built,
-            stopped=lambda: bool(self._failure),
-        )
+    # ---------------------------------------------------------------- its build (building.py)
 
     async def build_index(self, executor: Executor, parallel: int, retry: bool = True) -> None:
-        if not await self._fetch_tokenizer(executor, retry):
-            self._ready.set()
-            return
-        if not await self._open_plan(executor, retry):
-            self._ready.set()
-            return
-        self._building = (asyncio.get_running_loop(), executor, parallel, retry)
-        await asyncio.gather(*(i.build(executor, parallel, retry) for i in list(self.indexes)))
-        self._claim(parallel)
-        self._ready.set()
-
-    async def _open_plan(self, executor: Executor, retry: bool) -> bool:
-        """Open the job's plan log (its datasets may be more than the config's), retrying a
-        log that cannot be reached while requests get UNAVAILABLE."""
-
-        def note(error: str) -> None:
-            self._plan_error = error
-
-        return await with_backoff(
-            lambda: self.plans.open(executor),
-            job=self.name,
-            what="data plan",
-            retrying="data plan",
-            retry=retry,
-            note=note,
-            fail=self.fail,
-            wake=self._on_built,
-            stopped=lambda: bool(self._failure),
-        )
-
-    def _claim(self, parallel: int) -> None:
-        """Once every dataset is built: the job's claim on the cache (its working set)."""
-        if all(i.state == READY for i in self.indexes):
-            for idx in self.indexes:  # the job's claim covers its raw data too
-                self.store.cache.release(idx.raw_claim)
-            try:
-                self.store.cache.claim(self.name, self.working_set(parallel), f"job {self.name}")
-            except CacheTooSmallError as e:
-                self.fail(str(e))
-            self._count_shapes()
+        await self.build.build_index(executor, parallel, retry)
 
     async def servable(self) -> None:
-        """Returns once step 0 can be served (its windows are built), or the build has ended."""
-        while not self._ready.is_set():
-            try:
-                self.plan(0, 0, 1)
-                return
-            except (NotBuiltError, NotReadyError):
-                pass
-            except (JobFailedError, RequestError):
-                return
-            more = asyncio.ensure_future(self._built_more.wait())
-            ready = asyncio.ensure_future(self._ready.wait())
-            await asyncio.wait([more, ready], return_when=asyncio.FIRST_COMPLETED)
-            more.cancel()
-            ready.cancel()
+        await self.build.servable()
 
     async def built(self) -> None:
-        """Returns once the index build has ended, READY or FAILED."""
-        await self._ready.wait()
+        await self.build.built()
+
+    async def plan_when_built(
+        self, steps: list[int], rank: int, world_size: int, timeout: float
+    ) -> RowPlan:
+        return await self.build.plan_when_built(steps, rank, world_size, timeout)
 
     def working_set(self, parallel: int) -> int:
-        """Cache bytes the job needs to make progress: its largest window of token chunks in
-        each dataset (plus one chunk being rebuilt, and the next window's first chunk, which a
-        window's last row reads into), and the raw data of the chunks being tokenized at once."""
-        total, raw = 0, 0
-        for idx in self.indexes:
-            sizes = np.sort(idx.body_bytes)[::-1]
-            total += int(sizes[: self.spec.window_chunks + 2].sum())
-            raw = max(raw, idx.raw_working_set(parallel))
-        return total + raw
+        return self.build.working_set(parallel)
 
     def cancel(self) -> None:
         for i in self.indexes:
@@ -384,43 +282,6 @@ class Job:
     @property
     def num_chunks(self) -> int:
         return sum(len(i.chunks) for i in self.indexes)
-
-    def _on_built(self) -> None:
-        self._built_more.set()
-        self._built_more = asyncio.Event()
-
-    async def plan_when_built(
-        self, steps: list[int], rank: int, world_size: int, timeout: float
-    ) -> RowPlan:
-        """The plan of one rank's batches of `steps` (plan_steps), waiting up to `timeout`
-        seconds for the chunks they need to be built (serving while building: steps are
-        served as soon as their windows are tokenized, in sample order, never from a partial
-        window)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            if self.state == FAILED:
-                raise JobFailedError(self.error)
-            try:
-                return self.plan_steps(steps, rank, world_size)
-            except NotBuiltError as e:
-                remaining = deadline - loop.time()
-                if not self._ready.is_set() and any(i.error for i in self.indexes):
-                    # The build failed here and waits to retry: another server can serve sooner.
-                    raise NotReadyError(
-                        f"job {self.name} cannot be indexed on this server "
-                        f"right now ({self.error}); retry on another server",
-                        retry_after=1.0,
-                    ) from None
-                if remaining <= 0:
-                    raise NotReadyError(
-                        f"{e}; retry in about {e.retry_after:.0f}s", retry_after=e.retry_after
-                    ) from None
-                event = self._built_more
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except TimeoutError:
-                    pass
 
     # ---------------------------------------------------------------- batches
 
@@ -456,7 +317,7 @@ class Job:
             raise JobFailedError(self.error)
         if self.tokenizer is None:
             raise NotReadyError(
-                f"job {self.name} cannot serve yet: {self._tokenizer_error}", retry_after=5.0
+                f"job {self.name} cannot serve yet: {self.build.tokenizer_error}", retry_after=5.0
             )
         return self.planner.plan_steps(steps, rank, world_size)
 
@@ -483,8 +344,8 @@ class Job:
 
     def fail(self, error: str) -> None:
         """The data refuses the job after it became ready (an object changed under it)."""
-        if not self._failure:
-            self._failure = error
+        if not self.refused:
+            self.refused = error
             log.error("job %s failed: %s", self.name, error)
 
     # ---------------------------------------------------------------- batches (assembly.py)
