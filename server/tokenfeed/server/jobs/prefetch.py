@@ -8,7 +8,7 @@ import asyncio
 import logging
 from concurrent.futures import Executor
 
-from tokenfeed.server.errors import BadRecordError, SourceError
+from tokenfeed.server.errors import BadRecordError, NotBuiltError, SourceError
 from tokenfeed.server.indexing.index import READY
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.telemetry import metrics
@@ -35,6 +35,9 @@ async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
         except (SourceError, BadRecordError) as e:
             job.fail(str(e))
             return
+        except NotBuiltError:  # the steps' rows wait on a count (jobs/shapes.py): so does this
+            await asyncio.sleep(1.0)
+            continue
         except Exception as e:  # local (cache full, network): requests will say so
             log.warning("job %s: prefetch of steps %d..%d failed: %s", job.name, first, end - 1, e)
             await asyncio.sleep(1.0)
