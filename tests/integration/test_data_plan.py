@@ -263,43 +263,12 @@ def test_changing_the_plan_needs_the_admin_scope(tmp_path, texts):
 def test_a_context_extension_phase_serves_every_token_once_per_epoch(tmp_path, texts):
     """seq_len 64 -> 256 from step 6: over two epochs every document token is an input twice
     (or three times: the third epoch's first tokens), never once or four times."""
-    from support import TOKENIZER
-    from tokenizers import Tokenizer
-
-    docs = texts[:120]
-    root = tmp_path / "one"
-    root.mkdir()
-    write_jsonl(root / "part.jsonl", docs)
-    spec = job_spec([root / "*.jsonl"], seq_len=64, global_batch_size=4, chunk_bytes="8KiB")
-    proc = serve(tmp_path, "ctx", spec)
-    try:
-        amend(proc, start_step=6, seq_len=256)
-        tok = Tokenizer.from_file(str(TOKENIZER))
-        encoded = tok.encode_batch(docs, add_special_tokens=False)
-        ids_of = {f"line {i + 1}": e.ids for i, e in enumerate(encoded)}
-        coverage = {k: np.zeros(len(v), dtype=np.int64) for k, v in ids_of.items()}
-        with proc.client("main") as c:
-            units = int(c.describe()["num_tokens"]) + len(docs)
-            served, step = 0, 0
-            while served < 2 * units:
-                batch = c.get_batch(step)
-                ids = batch["input_ids"]
-                assert ids.shape == ((4, 64) if step < 6 else (4, 256))
-                for world in (2, 4):
-                    parts = [c.get_batch(step, r, world)["input_ids"] for r in range(world)]
-                    assert np.array_equal(np.concatenate(parts), ids)
-                for row, why in zip(ids, c.explain(step)["rows"], strict=True):
-                    for p in why["pieces"]:
-                        ts, te = int(p["token_start"]), int(p["token_end"])
-                        rs, re = int(p["row_start"]), int(p["row_end"])
-                        assert row[rs:re].tolist() == ids_of[p["record"]][ts:te]
-                        coverage[p["record"]][ts:te] += 1
-                served += ids.size
-                step += 1
-        every = np.concatenate(list(coverage.values()))
-        assert every.min() == 2 and every.max() <= 3
-    finally:
-        proc.stop()
+    spec = job_spec([], seq_len=64, global_batch_size=4, chunk_bytes="8KiB")
+    every, shapes = coverage_across_changes(
+        tmp_path, texts, "ctx", spec, [{"start_step": 6, "seq_len": 256}], 10**6
+    )
+    assert all(shape == ((4, 64) if s < 6 else (4, 256)) for s, shape in shapes.items())
+    assert every.min() == 2 and every.max() <= 3
 
 
 def coverage_across_changes(tmp_path, texts, name, spec: dict, changes: list[dict], fits: int):

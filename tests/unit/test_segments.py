@@ -158,13 +158,7 @@ class Shapes:
             lengths = self.idx.docs[c]
             layout = bestfit.bestfit_layout(lengths, seq_len, self.bos)
             doc_order = order.document_order(len(lengths), SEED, NAME, epoch, c)
-            seg = lengths[doc_order] + 1 + int(self.bos)
-            seg_starts = np.concatenate(([0], np.cumsum(seg)))
-            place = np.empty(len(lengths), dtype=np.int64)
-            place[doc_order] = np.arange(len(lengths))
-            a, b = int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])
-            at = seg_starts[place[layout.doc[a:b]]] + layout.offset[a:b]
-            out.append(list(zip(at.tolist(), (at + layout.length[a:b]).tolist(), strict=True)))
+            out.append(bestfit.row_stretches(layout, doc_order, r))
         return out
 
 

@@ -170,11 +170,5 @@ class ChunkShapes:
             )
             name = self.indexes[d].dataset.name
             doc_order = order.document_order(len(lengths), self.seed, name, epoch, c)
-            seg = np.asarray(lengths, dtype=np.int64)[doc_order] + 1 + int(bos)
-            seg_starts = np.concatenate(([0], np.cumsum(seg)))
-            place = np.empty(len(lengths), dtype=np.int64)
-            place[doc_order] = np.arange(len(lengths))
-            a, b = int(layout.row_pieces[r]), int(layout.row_pieces[r + 1])
-            at = seg_starts[place[layout.doc[a:b]]] + layout.offset[a:b]
-            out.append(list(zip(at.tolist(), (at + layout.length[a:b]).tolist(), strict=True)))
+            out.append(bestfit.row_stretches(layout, doc_order, r))
         return out

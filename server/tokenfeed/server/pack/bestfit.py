@@ -241,3 +241,17 @@ def bestfit_rows_at(
         "segment_ids": np.repeat(number.astype(np.int32), runs).reshape(k, capacity)[:, :seq_len],
         "loss_mask": loss,
     }
+
+
+def row_stretches(layout: BestFitLayout, doc_order: np.ndarray, row: int) -> list[tuple[int, int]]:
+    """Where the pieces of best-fit row `row` lie in the chunk's concat stream of an epoch
+    whose document order is `doc_order` (packing.concat_stream: documents as `[BOS] tokens
+    EOS` segments end to end): (start, end) offsets, in the row's order. A phase that leaves
+    best_fit reads a row's pieces back from that stream (sampling/segments.py)."""
+    seg = layout.segment_lengths[doc_order]
+    seg_starts = np.concatenate(([0], np.cumsum(seg)))
+    place = np.empty(len(doc_order), dtype=np.int64)
+    place[doc_order] = np.arange(len(doc_order))
+    a, b = int(layout.row_pieces[row]), int(layout.row_pieces[row + 1])
+    at = seg_starts[place[layout.doc[a:b]]] + layout.offset[a:b]
+    return list(zip(at.tolist(), (at + layout.length[a:b]).tolist(), strict=True))
