@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from support import ServerProcess, built_job, job_spec, metric, scrape, write_config
 from tokenfeed.server.jobs.future import next_use
+from tokenfeed.server.jobs.prefetch import WindowChunks
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,21 @@ def test_prefetch_plans_the_chunks_of_whole_global_batches(job, first, steps):
             (d, k) for d, e, _, p in plan.buffers for k in job.planner.tail_chunks(d, e, p)
         }
     assert job.planner.chunks_of_steps(first, first + steps) == expected
+
+
+def test_prefetch_windows_hold_every_chunk_the_steps_read(job):
+    """Prefetch skips planning rows while the chunks of the windows their rows start in are
+    cached: those must include every chunk the rows read (their own and their tails), for
+    any stretch of steps, across window and epoch ends, and be fewer than all the chunks."""
+    windows = WindowChunks(job)
+    spe, keys = job.steps_per_epoch, job.index.keys
+    spans = [(s, k) for k in (1, 4, 9) for s in range(0, 2 * spe + 3, k)]
+    for first, steps in spans:
+        around = windows.of_steps(first, first + steps)
+        assert around is not None
+        read = {keys[c] for _, c in job.planner.chunks_of_steps(first, first + steps)}
+        assert read <= around, (first, steps, read - around)
+    assert len(windows.of_steps(0, 1)) < len(keys)
 
 
 @pytest.mark.parametrize("furthest", [0, 7, 30])
