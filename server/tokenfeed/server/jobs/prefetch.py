@@ -96,24 +96,21 @@ class WindowChunks:
         if not len(rows):
             return set()
         out: set[str] = set()
-        lone = int(datasets[0]) if int(datasets.min()) == int(datasets.max()) else None
-        for d in [lone] if lone is not None else sorted(set(datasets.tolist())):
-            mine = rows if lone is not None else rows[datasets == d]
+        lone = len(planner.indexes) == 1  # a job of one dataset: every row is its own
+        for d in [0] if lone else sorted(set(datasets.tolist())):
+            mine = rows if lone else rows[datasets == d]
             lo, hi = int(mine.min()), int(mine.max())
             idx, segs = planner.indexes[d], planner.segments(d)
             if not idx.ready or (len(segs) > 1 and hi >= segs[1].first_row):
                 return None
-            e_lo = int(order.epoch_of_row(lo, idx.units_per_epoch, idx.per_row))
-            e_hi = int(order.epoch_of_row(hi, idx.units_per_epoch, idx.per_row))
-            for e in range(e_lo, e_hi + 1):
+            per_row, units = idx.per_row, idx.units_per_epoch  # order.epoch_of_row, in ints
+            for e in range(lo * per_row // units, hi * per_row // units + 1):
                 lay = planner.layout(d, e)
                 a, b = max(lo, lay.first_row), min(hi, lay.end_row - 1)
                 if a > b:
                     continue
-                w_lo, w_hi = (
-                    int(w) - 1 for w in lay.window_rows.searchsorted([a, b], side="right")
-                )
-                for w in range(w_lo, w_hi + 1):
+                found = lay.window_rows.searchsorted((a, b), side="right").tolist()
+                for w in range(found[0] - 1, found[1]):
                     out |= self._window(d, e, w, lay)
         return out
 
