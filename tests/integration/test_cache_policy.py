@@ -9,8 +9,17 @@ import urllib.request
 
 import numpy as np
 import pytest
-from support import ServerProcess, built_job, job_spec, metric, scrape, write_config
+from support import (
+    ServerProcess,
+    built_job,
+    job_spec,
+    metric,
+    scrape,
+    write_config,
+    write_jsonl,
+)
 from tokenfeed.server.jobs.future import next_use
+from tokenfeed.server.jobs.prefetch import WindowChunks
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +61,51 @@ def test_prefetch_plans_the_chunks_of_whole_global_batches(job, first, steps):
             (d, k) for d, e, _, p in plan.buffers for k in job.planner.tail_chunks(d, e, p)
         }
     assert job.planner.chunks_of_steps(first, first + steps) == expected
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory, texts):
+    """Two datasets (3:1, then 1:3 from step 20, 16 rows a step from step 40), built."""
+    tmp = tmp_path_factory.mktemp("policy-mix")
+    web = write_jsonl(tmp / "web.jsonl", texts[:250])
+    books = write_jsonl(tmp / "books.jsonl", texts[250:330])
+    spec = job_spec([])
+    del spec["sources"]
+    spec["datasets"] = {
+        "web": {"sources": [str(web)], "weight": 3},
+        "books": {"sources": [str(books)], "weight": 1},
+    }
+    spec["schedule"] = [
+        {"start_step": 20, "weights": {"books": 3}},
+        {"start_step": 40, "global_batch_size": 16},
+    ]
+    return built_job(tmp / "cache", spec, "mix")
+
+
+@pytest.fixture(scope="module")
+def best_fit(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("policy-fit")
+    return built_job(tmp / "cache", job_spec([corpus / "*"], packing="best_fit"), "fit")
+
+
+@pytest.mark.parametrize("which", ["job", "mixture", "best_fit"])
+def test_prefetch_windows_hold_every_chunk_the_steps_read(request, which):
+    """Prefetch skips planning rows while the chunks of the windows their rows start in are
+    cached: those must include every chunk the rows read (their own and their tails), for
+    any stretch of steps, across window and epoch ends (and a mixture's phases), and be
+    fewer than all the chunks."""
+    job = request.getfixturevalue(which)
+    windows = WindowChunks(job)
+    spe = max(job.index.rows_per_epoch // job.spec.global_batch_size, 1)
+    spans = [(s, k) for k in (1, 4, 9) for s in range(0, 2 * spe + 50, k)]
+    for first, steps in spans:
+        around = windows.of_steps(first, first + steps)
+        assert around is not None
+        read = {
+            job.indexes[d].keys[c] for d, c in job.planner.chunks_of_steps(first, first + steps)
+        }
+        assert read <= around, (first, steps, read - around)
+    assert len(windows.of_steps(0, 1)) < sum(len(i.keys) for i in job.indexes)
 
 
 @pytest.mark.parametrize("furthest", [0, 7, 30])

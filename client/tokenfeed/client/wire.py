@@ -40,9 +40,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<i4")
 
 
+_U2, _I4 = np.dtype("<u2"), np.dtype("<i4")
+
+
 def position_dtype(seq_len: int) -> np.dtype:
     """Boundary positions and padding counts: uint16 while seq_len + 1 fits."""
-    return np.dtype("<u2") if seq_len + 1 <= 65535 else np.dtype("<i4")
+    return _U2 if seq_len + 1 <= 65535 else _I4
 
 
 @dataclass(frozen=True)
@@ -193,10 +196,11 @@ def decode(msg: pb.Batch, verify: bool = True) -> Compact:
     if rows < 0 or seq_len < 1:
         raise WireError(f"batch of {rows} rows of seq_len {seq_len}")
     tokens = _array(msg.tokens, dtype, rows * (seq_len + 1), "tokens").reshape(rows, seq_len + 1)
-    splits = _array(msg.row_splits, np.dtype("<i4"), rows + 1, "row_splits")
+    splits = _array(msg.row_splits, _I4, rows + 1, "row_splits")
     pdtype = position_dtype(seq_len)
     starts = _array(msg.starts, pdtype, len(msg.starts) // pdtype.itemsize, "starts")
-    if splits[0] != 0 or np.any(np.diff(splits) < 0) or splits[-1] != len(starts):
+    # Compared pairwise, not by np.diff: a third of the CPU on a batch's few splits.
+    if splits[0] != 0 or splits[-1] != len(starts) or (splits[1:] < splits[:-1]).any():
         raise WireError("row_splits do not partition the document starts")
     if len(starts) and (starts.min() < 1 or starts.max() >= seq_len):
         raise WireError(f"document starts outside (0, {seq_len})")

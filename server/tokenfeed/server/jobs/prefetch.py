@@ -1,6 +1,13 @@
 """Prefetch: a job's chunks of the steps just past the furthest request kept in the cache
 (rebuilding evicted ones), so trainers find them there; it follows the furthest request back
-after a rollback."""
+after a rollback.
+
+Which chunks steps read is first answered by windows: every row of a window starts in one of
+the window's chunks and reads on at most into that chunk's row-buffer tail, so the chunks of
+the windows the steps' rows fall in (and their tails), known once per window, hold every chunk
+the steps read. While those are all in the cache, as they are in steady training, nothing is
+missing and no row is planned; otherwise the steps' rows are planned exactly
+(Planner.chunks_of_steps) and only what they read is fetched."""
 
 from __future__ import annotations
 
@@ -11,18 +18,24 @@ from concurrent.futures import Executor
 from tokenfeed.server.errors import BadRecordError, NotBuiltError, SourceError
 from tokenfeed.server.indexing.index import READY
 from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.sampling import order
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
+
+# Windows whose chunks a job's prefetch keeps known (a few epochs' worth of the windows just
+# ahead; each entry is a window's dozen keys).
+WINDOWS_KEPT = 4096
 
 
 async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
     """Keep every chunk of the next `steps` steps past the furthest request in the cache
     (rebuilding evicted ones), until cancelled. Once the lead falls to half of `steps`, the
-    steps up to the full lead are planned together: a stream advancing one step at a time
-    costs one plan per `steps // 2` steps, not one per step."""
+    steps up to the full lead are looked at together: a stream advancing one step at a time
+    costs one look per `steps // 2` steps, not one per step."""
     await job.built()
     p = job.progress
+    windows = WindowChunks(job)
     while steps and job.state == READY:
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
@@ -31,7 +44,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
             continue
         was = p.furthest
         try:
-            await fetch_steps(job, executor, first, end)
+            await fetch_steps(job, executor, first, end, windows)
         except (SourceError, BadRecordError) as e:
             job.fail(str(e))
             return
@@ -48,8 +61,14 @@ async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
         metrics.PREFETCH_LEAD_SECONDS.labels(job.name).set(p.lead_seconds)
 
 
-async def fetch_steps(job: Job, executor: Executor, first: int, end: int) -> None:
+async def fetch_steps(
+    job: Job, executor: Executor, first: int, end: int, windows: WindowChunks | None = None
+) -> None:
     """Every chunk that the global batches of steps [first, end) read, in the cache."""
+    if windows is not None:
+        around = windows.of_steps(first, end)
+        if around is not None and all(job.store.has_body(key) for key in around):
+            return  # every chunk the steps could read is there
     needed = job.planner.chunks_of_steps(first, end)
     missing = [(d, c) for d, c in needed if not job.store.has_body(job.indexes[d].keys[c])]
     if missing:
@@ -60,3 +79,56 @@ async def fetch_steps(job: Job, executor: Executor, first: int, end: int) -> Non
                 for d, c in missing
             )
         )
+
+
+class WindowChunks:
+    """The keys of the chunks that rows starting in a window read: the window's chunks and
+    the chunks their row buffers' tails read into, made once per window (a few layout lookups
+    per call, no row planned). Only for rows of a dataset's first segment, of a built index."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self._known: dict[tuple[int, int, int], tuple[order.EpochLayout, frozenset[str]]] = {}
+
+    def of_steps(self, first: int, end: int) -> set[str] | None:
+        """The keys of every chunk of the windows that the rows of the global batches of steps
+        [first, end) start in (so of every chunk those rows read); None where this cannot
+        tell (an index still building, rows of a later segment): then plan the rows."""
+        planner = self.job.planner
+        datasets, rows = planner.schedule.rows_of_steps(first, end)
+        if not len(rows):
+            return set()
+        out: set[str] = set()
+        lone = len(planner.indexes) == 1  # a job of one dataset: every row is its own
+        for d in [0] if lone else sorted(set(datasets.tolist())):
+            mine = rows if lone else rows[datasets == d]
+            lo, hi = int(mine.min()), int(mine.max())
+            idx, segs = planner.indexes[d], planner.segments(d)
+            if not idx.ready or (len(segs) > 1 and hi >= segs[1].first_row):
+                return None
+            per_row, units = idx.per_row, idx.units_per_epoch  # order.epoch_of_row, in ints
+            for e in range(lo * per_row // units, hi * per_row // units + 1):
+                lay = planner.layout(d, e)
+                a, b = max(lo, lay.first_row), min(hi, lay.end_row - 1)
+                if a > b:
+                    continue
+                found = lay.window_rows.searchsorted((a, b), side="right").tolist()
+                for w in range(found[0] - 1, found[1]):
+                    out |= self._window(d, e, w, lay)
+        return out
+
+    def _window(self, d: int, e: int, w: int, lay: order.EpochLayout) -> frozenset[str]:
+        known = self._known.get((d, e, w))
+        if known is not None and known[0] is lay:
+            return known[1]
+        planner, keys = self.job.planner, self.job.indexes[d].keys
+        n = len(lay.chunk_order)
+        positions = range(w * lay.window_chunks, min((w + 1) * lay.window_chunks, n))
+        chunks = {int(lay.chunk_order[p]) for p in positions}
+        for p in positions:
+            chunks.update(planner.tail_chunks(d, e, p))
+        found = frozenset(keys[c] for c in chunks)
+        if len(self._known) >= WINDOWS_KEPT:
+            self._known.clear()
+        self._known[(d, e, w)] = (lay, found)
+        return found

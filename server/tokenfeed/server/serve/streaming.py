@@ -80,9 +80,10 @@ class BatchMaker:
     ) -> list[bytes]:
         """A plan's batches of one rank, as serialized messages. Only these training requests
         (not Explain) move the job's progress, which prefetch and eviction follow: a step
-        counts once its batch is being built, not when it is planned."""
-        for step in steps:
-            job.note_request(step, rank, world_size)
+        counts once its batch is being built, not when it is planned. A group's steps ascend
+        and are built together: its last step is noted for all of them (a rank's progress is
+        its latest step; a worker's notes to its supervisor keep only that one too)."""
+        job.note_request(steps[-1], rank, world_size)
         built = await self.built(job, plan, len(steps))
         out, tokens, sent = [], 0, 0
         for step, (epoch, compact) in zip(steps, built, strict=True):
