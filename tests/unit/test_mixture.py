@@ -153,3 +153,22 @@ def test_rows_of_steps_are_the_rows_of_every_step(weights, batch, first, steps, 
     expected = [s.rows(t, 0, s.batch_size(t)) for t in range(first, first + steps)]
     want = np.concatenate([d * 2**40 + r for d, r in expected])
     assert np.array_equal(np.sort(datasets * 2**40 + rows), np.sort(want))
+
+
+@given(
+    st.sampled_from([[1], [2, 1], [1, 1, 1]]),
+    st.integers(1, 6),
+    st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    st.integers(1, 20),
+)
+@settings(max_examples=100, deadline=None)
+def test_rows_at_are_the_rows_of_each_step_in_order(weights, batch, steps, change):
+    """Several steps' rows of one rank in one pass (what a stream plans) are `rows` of each
+    step, one after another, in order: one pass where a phase of one dataset does not permute
+    its slots, step by step otherwise or across phases."""
+    s = schedule(weights, batch, later=[(change, batch, [1] * (len(weights) + 1))])
+    first, count = batch // 3, batch - batch // 3
+    datasets, rows = s.rows_at(steps, first, count)
+    found = [s.rows(t, first, count) for t in steps]
+    assert np.array_equal(datasets, np.concatenate([d for d, _ in found]))
+    assert np.array_equal(rows, np.concatenate([r for _, r in found]))

@@ -163,6 +163,25 @@ class Schedule:
         row = plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q]
         return dataset, row
 
+    def rows_at(
+        self, steps: list[int], first: int, count: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """`rows(step, first, count)` of each of `steps` (of one phase), one after another: in
+        one pass where the phase's positions are not permuted (a phase of one dataset known),
+        else step by step."""
+        plan = self.plan_at(steps[0])
+        if plan.known > 1 or any(self.plan_at(step) is not plan for step in steps):
+            found = [self.rows(step, first, count) for step in steps]
+            return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
+        b = plan.phase.global_batch_size
+        at = (np.asarray(steps, dtype=np.int64) - plan.phase.start_step) * b + first
+        slots = (at[:, None] + np.arange(count, dtype=np.int64)).reshape(-1)
+        whole: npt.NDArray[np.int64]
+        q: npt.NDArray[np.int64]
+        whole, q = np.divmod(slots, plan.period)
+        dataset = plan.owner[q].astype(np.int64)
+        return dataset, plan.offsets[dataset] + whole * plan.a[dataset] + plan.rank[q]
+
     def rows_of_steps(
         self, first: int, end: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -144,9 +144,7 @@ class Planner:
         per_rank = self.schedule.batch_size(steps[0]) // world_size
         if any(self.schedule.batch_size(step) // world_size != per_rank for step in steps):
             raise ValueError(f"steps {steps} have different batch sizes")
-        found = [self.schedule.rows(step, rank * per_rank, per_rank) for step in steps]
-        datasets = np.concatenate([f[0] for f in found]) if len(steps) > 1 else found[0][0]
-        dataset_rows = np.concatenate([f[1] for f in found]) if len(steps) > 1 else found[0][1]
+        datasets, dataset_rows = self.schedule.rows_at(steps, rank * per_rank, per_rank)
         parts = []
         for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small
             mine = np.nonzero(datasets == d)[0]
