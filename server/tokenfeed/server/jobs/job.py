@@ -80,6 +80,10 @@ class Job:
         # log's, and each version appended to it (jobplan.py, dataplan/).
         self.plans = JobPlan(spec, keeper, self._plan_changed)
         self.refused = ""  # a job-level refusal (the cache cannot hold its working set)
+        # The tokenizer may live in object storage: a fetch that fails is this job's problem
+        # only (retried by build_index like any storage failure), a file that is not a
+        # tokenizer fails the job; the server and its other jobs serve on (loaded below).
+        self.tokenizer: TextTokenizer | None = None
         # Its build, from start to ready, and what requests wait on meanwhile (building.py).
         self.build = JobBuild(self)
         # No tokenizer yet: load_tokenizer gives each index the job's, once it is loaded
@@ -106,10 +110,6 @@ class Job:
         )
         self.identity = JobIdentity(spec, self.plans)
         self.progress = Progress()
-        # The tokenizer may live in object storage: a fetch that fails is this job's problem
-        # only (retried by build_index like any storage failure), a file that is not a
-        # tokenizer fails the job; the server and its other jobs serve on.
-        self.tokenizer: TextTokenizer | None = None
         try:
             self.load_tokenizer()
         except LocalError as e:
@@ -128,7 +128,7 @@ class Job:
             self.spec,
             dataset,
             self.store,
-            getattr(self, "tokenizer", None),
+            self.tokenizer,
             self.storage,
             self.shared,
             self.supervisor,
@@ -166,7 +166,7 @@ class Job:
                 continue
             for d, idx in enumerate(self.indexes):
                 own = self.spec.packing == "best_fit" and idx.seq_len == p.seq_len
-                if idx.state == READY and not own and getattr(self, "tokenizer", None):
+                if idx.state == READY and not own and self.tokenizer is not None:
                     self.shapes.count(d, p.seq_len)
 
     def _doc_lengths(self, d: int, c: int) -> np.ndarray:

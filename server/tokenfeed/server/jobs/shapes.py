@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import NotBuiltError
-from tokenfeed.server.pack import bestfit
+from tokenfeed.server.pack import bestfit, packing
 from tokenfeed.server.sampling import order
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,9 @@ class ChunkShapes:
         self._lock = threading.Lock()
 
     def concat_units(self, d: int) -> np.ndarray:
-        idx, per_doc = self.indexes[d], 2 if self._add_bos() else 1
-        # packing.concat_units of every chunk: its tokens, and EOS (and BOS) per document
-        return np.asarray(idx.num_tokens, dtype=np.int64) + per_doc * np.asarray(
-            idx.num_docs, dtype=np.int64
-        )
+        idx = self.indexes[d]
+        tokens, docs = (np.asarray(a, dtype=np.int64) for a in (idx.num_tokens, idx.num_docs))
+        return packing.concat_units(tokens, docs, self._add_bos())
 
     def bestfit_units(self, d: int, seq_len: int) -> np.ndarray:
         key = (d, seq_len)

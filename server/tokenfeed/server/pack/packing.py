@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,8 +34,11 @@ TENSOR_NAMES = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask
 PACKING_VERSION = 2
 
 
-def concat_units(num_tokens: int, num_docs: int, add_bos: bool) -> int:
-    """Length of a chunk's concat stream, from its index entry alone."""
+Counts = TypeVar("Counts", int, npt.NDArray[np.int64])
+
+
+def concat_units(num_tokens: Counts, num_docs: Counts, add_bos: bool) -> Counts:
+    """Length of a chunk's concat stream (or of each chunk's), from its index entry alone."""
     return num_tokens + num_docs * (2 if add_bos else 1)
 
 

@@ -114,6 +114,7 @@ class EpochLayouts:
         self.phases: list[tuple[int, int, str]] = [(0, spec.seq_len, spec.packing)]
         self._segments: dict[int, tuple[object, int, list[Segment]]] = {}
         self._grids: dict[tuple[int, int], tuple[object, int, Grid]] = {}
+        self._concat_units: dict[int, tuple[int, np.ndarray, int]] = {}
 
     def use(self, schedule: Schedule, phases: Sequence[tuple[Any, ...]]) -> None:
         """A new plan: its schedule and the (start step, seq_len[, packing]) of each phase."""
@@ -157,7 +158,7 @@ class EpochLayouts:
     def _geometry(self, d: int, prev: Segment) -> Geometry:
         grid = self.grid(d, prev.index)
         return Geometry(
-            int(self.concat_units(d).sum()),
+            self.concat_epoch(d),
             partial(self.concat_layout, d),
             partial(self.layout, d, segment=prev.index),
             partial(self._perm_of, d, prev.index),
@@ -178,9 +179,23 @@ class EpochLayouts:
 
     def concat_units(self, d: int) -> np.ndarray:
         """Dataset d's units per chunk in its concat stream (the units every carry is in)."""
-        if self.spec.packing == CONCAT:
-            return self.indexes[d].units_per_chunk
-        return self._shapes().concat_units(d)
+        return self._concat(d)[0]
+
+    def concat_epoch(self, d: int) -> int:
+        """Dataset d's units of one epoch in its concat stream."""
+        return self._concat(d)[1]
+
+    def _concat(self, d: int) -> tuple[np.ndarray, int]:
+        idx = self.indexes[d]
+        version = -1 if idx.ready else idx.rows_built
+        cached = self._concat_units.get(d)
+        if cached is None or cached[0] != version:
+            if self.spec.packing == CONCAT:
+                units = idx.units_per_chunk
+            else:
+                units = self._shapes().concat_units(d)
+            cached = self._concat_units[d] = (version, units, int(units.sum()))
+        return cached[1], cached[2]
 
     def concat_layout(self, d: int, epoch: int) -> order.EpochLayout:
         """Epoch `epoch`'s layout of dataset d's concat stream (its chunks' places in it)."""
@@ -189,10 +204,9 @@ class EpochLayouts:
         version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
 
         def make() -> order.EpochLayout:
-            units = self.concat_units(d)
             s, name = self.spec, self.indexes[d].dataset.name
             return order.epoch_layout(
-                units, s.seed, name, epoch, s.window_chunks, 1, int(units.sum())
+                self.concat_units(d), s.seed, name, epoch, s.window_chunks, 1, self.concat_epoch(d)
             )
 
         return self._layouts.get_or_make((d, epoch, version, "concat"), make)
@@ -214,7 +228,7 @@ class EpochLayouts:
         else:
             units = self._bestfit_units(d, seg.seq_len)
             U = int(units.sum())
-            Uc = int(self.concat_units(d).sum())
+            Uc = self.concat_epoch(d)
             epoch, offset = divmod(seg.start, Uc)
             lay = self.concat_layout(d, epoch)
             p = int(np.searchsorted(lay.units_cum, offset, side="left"))
@@ -279,7 +293,7 @@ class EpochLayouts:
         """The pieces of chunks that positions [starts[i], starts[i] + span) of a segment's
         own sequence (its carry, then the stream) are made of; `row` indexes `starts`."""
         lay = partial(self.concat_layout, d)
-        U = int(self.concat_units(d).sum())
+        U = self.concat_epoch(d)
         cols: list[list[np.ndarray]] = [[] for _ in range(6)]
         for i, v in enumerate(np.asarray(starts).tolist()):
             at = 0

@@ -172,7 +172,7 @@ class Planner:
             block_rows = max(1, CARRY_BLOCK_UNITS // L)
             block, within = np.divmod(j, block_rows)
             first = seg.virtual(0, 1)[0][0]  # the epoch of the carry's first unit
-            U = int(self.layouts.concat_units(d).sum())
+            U = self.layouts.concat_epoch(d)
             epochs = np.full(len(j), first // U, dtype=np.int64)
             minus = np.full(len(j), -1, dtype=np.int64)
             starts = order.RowStarts(minus, minus, block, within * L)
