@@ -154,18 +154,23 @@ class BatchFields(TypedDict):
     fingerprint: str
 
 
+def token_code(dtype: np.dtype | type) -> int:
+    """The wire's code of a token dtype (WireError for one it cannot carry)."""
+    code = _TOKEN_CODES.get(np.dtype(dtype).newbyteorder("<"))
+    if code is None:
+        raise WireError(f"tokens of dtype {np.dtype(dtype)} have no wire encoding")
+    return code
+
+
 def encode(c: Compact, with_tokens: bool = True) -> BatchFields:
     """The fields of a `tokenfeed.v1.Batch` that carry the compact batch, with its fingerprint
     (without `tokens` when `with_tokens` is false: a server appends them to the serialized
     message itself, copying them once)."""
-    dtype = np.dtype(c.tokens.dtype).newbyteorder("<")
-    if dtype not in _TOKEN_CODES:
-        raise WireError(f"tokens of dtype {c.tokens.dtype} have no wire encoding")
     fields: BatchFields = {
         "wire_version": WIRE_VERSION,
         "rows": c.rows,
         "seq_len": c.seq_len,
-        "token_dtype": _TOKEN_CODES[dtype],
+        "token_dtype": token_code(c.tokens.dtype),  # type: ignore[typeddict-item]
         "starts": c.starts.tobytes(),
         "row_splits": c.row_splits.astype("<i4").tobytes(),
         "padding": b"" if c.padding is None else c.padding.tobytes(),

@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 
 from tokenfeed.server.errors import BadRecordError, NotBuiltError, SourceError
 from tokenfeed.server.indexing.index import READY
+from tokenfeed.server.jobs import layahead
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.sampling import order
 from tokenfeed.server.telemetry import metrics
@@ -28,14 +29,18 @@ log = logging.getLogger(__name__)
 WINDOWS_KEPT = 4096
 
 
-async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
+async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int = 0) -> None:
     """Keep every chunk of the next `steps` steps past the furthest request in the cache
     (rebuilding evicted ones), until cancelled. Once the lead falls to half of `steps`, the
     steps up to the full lead are looked at together: a stream advancing one step at a time
-    costs one look per `steps // 2` steps, not one per step."""
+    costs one look per `steps // 2` steps, not one per step. With `rows_budget` (the row
+    buffers' memory), the row buffers of the window the furthest request is in and of the
+    next one are laid out too (layahead.py)."""
     await job.built()
     p = job.progress
     windows = WindowChunks(job)
+    ahead = layahead.WindowLayouts(job, rows_budget) if rows_budget else None
+    loop = asyncio.get_running_loop()
     while steps and job.state == READY:
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
@@ -57,6 +62,14 @@ async def keep_ahead(job: Job, executor: Executor, steps: int) -> None:
             continue
         if p.furthest >= was:  # else a rollback moved it back meanwhile: start again
             p.prefetched = end - 1
+        if ahead is not None:
+            try:
+                keys = ahead.keys_ahead(max(p.furthest, 0))
+            except Exception as e:  # noqa: BLE001 - the streams lay their rows out themselves
+                log.debug("job %s: no row buffers ahead: %s", job.name, e)
+                keys = []
+            if keys:
+                await loop.run_in_executor(executor, layahead.lay_out, job, keys)
         metrics.PREFETCH_LEAD_STEPS.labels(job.name).set(max(p.lead_steps, 0))
         metrics.PREFETCH_LEAD_SECONDS.labels(job.name).set(p.lead_seconds)
 

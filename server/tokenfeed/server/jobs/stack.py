@@ -96,7 +96,13 @@ def open_server(config: Config) -> Stack:
     storage = ObjectStorage(config.object_store, BlockFiles(cache))
     store = TokenStore(cache.root, cache)
     shared = SharedStore(config.store, storage) if config.store.uri else None
-    jobs = _jobs(config, store, storage, shared, None, plan_keepers(config, storage, cache))
+    # A supervisor of serving workers lays out row buffers ahead for them (jobs/layahead.py)
+    # into the node's shared ones.
+    rows = None
+    if config.server.workers > 1:
+        rows = SharedRows(node_dir(config.server.cache_dir), config.server.stream_cache_bytes)
+    keepers = plan_keepers(config, storage, cache)
+    jobs = _jobs(config, store, storage, shared, None, keepers, rows)
     cache.set_policy(FutureUse(list(jobs.values())))
     return Stack(config, storage, store, shared, jobs)
 

@@ -16,6 +16,7 @@ a carry block (a laid-out run of the carry's stretches) instead of a chunk's row
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -77,10 +78,11 @@ class RowPlan:
         the plan reads (carry rows: epoch -1, their carry block, position -1)."""
         out: set[tuple[Any, int, int, int]] = set()
         for p in self.parts:
-            # A few dozen rows: a set of tuples costs less than the numpy calls of a unique.
-            s, d = p.starts, p.key
+            # A few dozen rows: a set of tuples (made in C, no Python step per row) costs less
+            # than the numpy calls of a unique.
+            s = p.starts
             cols = (s.epoch.tolist(), s.chunk.tolist(), s.position.tolist())
-            out.update((d, e, c, q) for e, c, q in zip(*cols, strict=True))
+            out.update(zip(itertools.repeat(p.key, len(cols[0])), *cols, strict=True))
         return frozenset(out)
 
 

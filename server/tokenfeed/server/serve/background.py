@@ -29,7 +29,11 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
     tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
     tasks = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
     tasks += [
-        asyncio.create_task(keep_ahead(job, tokenize, config.server.prefetch_steps))
+        asyncio.create_task(
+            keep_ahead(
+                job, tokenize, config.server.prefetch_steps, config.server.stream_cache_bytes
+            )
+        )
         for job in jobs.values()
     ]
     if config.server.plan_refresh_seconds:

@@ -1,5 +1,5 @@
-"""A served batch as a serialized tokenfeed.v1.Batch: the token array appended to the other
-fields as field 13, copied once."""
+"""A served batch as a serialized tokenfeed.v1.Batch: the fields a stream keeps serialized once,
+the token array appended to the other fields as field 13, copied once."""
 
 from __future__ import annotations
 
@@ -18,11 +18,15 @@ def serialized(message: bytes) -> bytes:
     return message
 
 
-# tokenfeed.v1.Batch's `tokens` field (13), length-delimited.
-_TOKENS_TAG = bytes([13 << 3 | 2])
+_SMALL = [bytes([n]) for n in range(128)]
 
 
 def _varint(n: int) -> bytes:
+    """A protobuf varint (a negative int64 as its 10-byte two's complement, as protobuf does)."""
+    if 0 <= n < 128:
+        return _SMALL[n]
+    if n < 0:
+        n += 1 << 64
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
@@ -31,29 +35,116 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _tag(number: int, wire_type: int) -> bytes:
+    return _varint(number << 3 | wire_type)
+
+
+# Fields of tokenfeed.v1.Batch that change from batch to batch, as protobuf writes them: a key,
+# then a varint (0) or a length and the bytes (2); proto3 leaves out zeros and empty bytes.
+_STEP, _FINGERPRINT, _EPOCH = _tag(2, 0), _tag(6, 2), _tag(7, 0)
+_TOKENS, _STARTS, _ROW_SPLITS, _PADDING = _tag(13, 2), _tag(14, 2), _tag(15, 2), _tag(16, 2)
+HEADS_MAX = 4096  # stream shapes remembered (job, rank, world size, phase, batch shape)
+
+
+class _Heads:
+    """The serialized fields that one (job, rank, world size, plan phase, batch shape) keeps
+    from batch to batch, made once by protobuf: a batch's message is these pieces and its own
+    fields, in field-number order, so its bytes equal protobuf's serialization of the same
+    Batch with `tokens` moved to the end (the golden tests and a test of this module pin it)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, tuple[bytes, bytes, bytes, bytes]] = {}
+
+    def of(self, key: tuple) -> tuple[bytes, bytes, bytes, bytes]:
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= HEADS_MAX:
+                self._known.clear()
+            found = self._known[key] = _pieces(*key)
+        return found
+
+
+def _pieces(
+    job: str,
+    rank: int,
+    world_size: int,
+    job_fingerprint: str,
+    rows: int,
+    seq_len: int,
+    token_dtype: int,
+    phase_start: int,
+    plan_fingerprint: str,
+    plan_version: int,
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """(field 1; fields 3-4; fields 8-12; fields 17-19), each as protobuf serializes it."""
+    ser = pb.Batch.SerializeToString
+    return (
+        ser(pb.Batch(job=job)),
+        ser(pb.Batch(rank=rank, world_size=world_size)),
+        ser(
+            pb.Batch(
+                job_fingerprint=job_fingerprint,
+                wire_version=wire.WIRE_VERSION,
+                rows=rows,
+                seq_len=seq_len,
+                token_dtype=token_dtype,  # type: ignore[arg-type]
+            )
+        ),
+        ser(
+            pb.Batch(
+                plan_phase_start=phase_start,
+                plan_fingerprint=plan_fingerprint,
+                plan_version=plan_version,
+            )
+        ),
+    )
+
+
+_heads = _Heads()
+
+
+def _varint_field(tag: bytes, n: int) -> bytes:
+    return tag + _varint(n) if n else b""
+
+
 def batch_message(
     job: Job, step: int, rank: int, world_size: int, epoch: int, compact: wire.Compact
 ) -> tuple[bytes, int]:
-    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays. The token array
-    is appended to the serialized other fields as field 13 (a message's fields may come in any
-    order), so its bytes are copied once, straight from the assembled array (bench/, wire)."""
-    fields = wire.encode(compact, with_tokens=False)
-    phase_start, plan_fingerprint = job.plan_of(step)
-    head = pb.Batch(
-        job=job.name,
-        step=step,
-        rank=rank,
-        world_size=world_size,
-        epoch=epoch,
-        job_fingerprint=job.fingerprint,
-        plan_phase_start=phase_start,
-        plan_fingerprint=plan_fingerprint,
-        plan_version=job.plans.version,
-        **fields,
-    ).SerializeToString()
+    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays. The fields that
+    stay the same along a stream are serialized once (`_Heads`); the token array is appended
+    as field 13 (a message's fields may come in any order), so its bytes are copied once,
+    straight from the assembled array (bench/, wire)."""
     tokens = np.ascontiguousarray(compact.tokens)
-    message = b"".join((head, _TOKENS_TAG, _varint(tokens.nbytes), tokens.data))
-    payload = (
-        tokens.nbytes + len(fields["starts"]) + len(fields["row_splits"]) + len(fields["padding"])
+    phase_start, plan_fingerprint = job.plan_of(step)
+    key = (
+        job.name,
+        rank,
+        world_size,
+        job.fingerprint,
+        compact.rows,
+        compact.seq_len,
+        wire.token_code(tokens.dtype),
+        phase_start,
+        plan_fingerprint,
+        job.plans.version,
     )
-    return message, payload
+    head, ranks, shape, plan = _heads.of(key)
+    starts = np.ascontiguousarray(compact.starts).data.cast("B")
+    splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
+    padding = b"" if compact.padding is None else compact.padding.tobytes()
+    fingerprint = wire.fingerprint(compact).encode()
+    parts = [
+        head,
+        _varint_field(_STEP, step),
+        ranks,
+        _FINGERPRINT,
+        _varint(len(fingerprint)),
+        fingerprint,
+        _varint_field(_EPOCH, epoch),
+        shape,
+    ]
+    for tag, data in ((_STARTS, starts), (_ROW_SPLITS, splits), (_PADDING, padding)):
+        if len(data):
+            parts += (tag, _varint(len(data)), data)
+    parts += (plan, _TOKENS, _varint(tokens.nbytes), tokens.data)
+    return b"".join(parts), tokens.nbytes + len(starts) + len(splits) + len(padding)

@@ -40,6 +40,7 @@ from tokenfeed.server.pack import sharedrows
 from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
+from tokenfeed.server.serve.memory import keep_freed_memory
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.telemetry import logs, metrics
 
@@ -89,7 +90,7 @@ def snapshot() -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
 class WorkerMetrics:
     """The workers' latest snapshots, and what exited workers had counted (counters never go
     back when a worker is replaced). `collect` makes it a registry for generate_latest: the
-    supervisor's own families, with the workers' sums in place of the worker metrics."""
+    supervisor's own families, with the workers' sums added to its own in the worker metrics."""
 
     def __init__(self):
         self.live: dict[int, list] = {}
@@ -124,8 +125,17 @@ class WorkerMetrics:
             if metric.name not in self._names:
                 yield metric
                 continue
+            # The supervisor counts some of these itself (the row buffers it lays out ahead
+            # for the workers, jobs/layahead.py): added to the workers' sums.
+            into = sums.setdefault(metric.name, {})
+            for sample in metric.samples:
+                k = (sample.name, tuple(sorted(sample.labels.items())))
+                if sample.name.endswith("_created"):
+                    into[k] = min(into.get(k, sample.value), sample.value)
+                else:
+                    into[k] = into.get(k, 0.0) + sample.value
             merged = Metric(metric.name, metric.documentation, metric.type)
-            for (name, labels), value in sorted(sums.get(metric.name, {}).items()):
+            for (name, labels), value in sorted(into.items()):
                 merged.add_sample(name, dict(labels), value)
             yield merged
 
@@ -316,6 +326,7 @@ def worker_main(
     ready_file: str,
 ) -> None:
     logs.configure(config.server.log_format)
+    keep_freed_memory()  # a spawned process: its own allocator (memory.py)
     uvloop.run(
         _worker(config, index, listen, health_listen, SupervisorLink(control, authkey), ready_file)
     )

@@ -1,0 +1,111 @@
+"""Row buffers laid out a window ahead of the trainers, by the process that owns the cache.
+
+Rows are shuffled within a window of chunks, so a stream entering a window reads from most of
+its chunks within a few steps, and each of their row buffers (the chunk's documents in the
+epoch's order, packing.row_buffer) must be laid out first: an epoch's first read of a chunk.
+Streams lay out what their next steps read themselves, just before they read it; this lays out
+every buffer of the window the job's furthest request is in, and of the next window, once per
+window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out in
+its prefetch thread, before its streams need them; a supervisor of serving workers lays them
+out in its own process and writes them to the node's shared row buffers (pack/sharedrows.py),
+which its workers map: the layout of an epoch is paid once for all ranks and off every serving
+process (bench/, wire section).
+
+Only what fits: the next window is laid out while one is read only when the row-buffer budget
+(`server.stream_cache_bytes`) holds both, as the docs size it; else only the current one. Only
+for concat rows of a dataset's first segment (the windows prefetch knows); a later segment's
+rows are laid out by the streams that read them, as before. Nothing here changes a byte: a
+buffer's bytes are decided by its key, whoever lays it out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from tokenfeed.server.jobs.job import Job
+from tokenfeed.server.pack import packing
+from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling.segments import CONCAT
+
+log = logging.getLogger(__name__)
+
+WINDOWS_DONE = 4096  # windows remembered as laid out (then forgotten: a look costs little)
+
+Key = tuple[int, int, int, int]  # (dataset, epoch, chunk, position): RowBuffers.row_buffer's
+
+
+class WindowLayouts:
+    """The row buffers of the windows a job's trainers reach next, not yet laid out."""
+
+    def __init__(self, job: Job, budget: int):
+        self.job, self.budget = job, budget
+        self._done: set[tuple[int, int, int]] = set()
+
+    def keys_ahead(self, step: int) -> list[Key]:
+        """Row-buffer keys of the window that step's rows start in and of the window after it
+        (where both fit the budget), for windows not handed out before; in the order a stream
+        lays them out (last position first: a tail is cut from the buffer after it)."""
+        planner = self.job.planner
+        datasets, rows = planner.schedule.rows_of_steps(step, step + 1)
+        out: list[Key] = []
+        for d in sorted(set(datasets.tolist())):
+            row = int(rows[datasets == d].min())
+            idx, segs = planner.indexes[d], planner.segments(d)
+            if not idx.ready or segs[0].packing != CONCAT:
+                continue
+            if len(segs) > 1 and row >= segs[1].first_row:
+                continue  # a later segment: its streams lay its rows out
+            e = row * idx.per_row // idx.units_per_epoch
+            lay = planner.layout(d, e)
+            w = int(lay.window_rows.searchsorted(row, side="right")) - 1
+            windows = [(e, w, lay)]
+            after = self._after(d, e, w, lay)
+            if 2 * max(self._bytes(d, lay, w), self._bytes(d, after[2], after[1])) <= self.budget:
+                windows.append(after)
+            for e, w, lay in windows:
+                if (d, e, w) in self._done:
+                    continue
+                if len(self._done) >= WINDOWS_DONE:
+                    self._done.clear()
+                self._done.add((d, e, w))
+                out += [(d, e, c, p) for p, c in _positions(lay, w)]
+        return sorted(out, key=lambda k: (k[0], k[1], k[3]), reverse=True)
+
+    def _after(self, d: int, e: int, w: int, lay: order.EpochLayout):
+        """(epoch, window, layout) of the window after window w of epoch e."""
+        if w + 1 < len(lay.window_rows) - 1:
+            return e, w + 1, lay
+        return e + 1, 0, self.job.planner.layout(d, e + 1)
+
+    def _bytes(self, d: int, lay: order.EpochLayout, w: int) -> int:
+        """The row buffers of a window, in bytes (their tails left out: at most a row each)."""
+        idx, t = self.job.planner.indexes[d], self.job.tokenizer
+        chunks = [c for _, c in _positions(lay, w)]
+        add_bos = bool(t is not None and t.add_bos)
+        units = packing.concat_units(idx.num_tokens[chunks], idx.num_docs[chunks], add_bos)
+        return int(units.sum()) * self.job.assembler.wire_dtype.itemsize
+
+
+def _positions(lay: order.EpochLayout, w: int) -> Iterator[tuple[int, int]]:
+    """(position, chunk) of each chunk of window w."""
+    n = len(lay.chunk_order)
+    for p in range(w * lay.window_chunks, min((w + 1) * lay.window_chunks, n)):
+        yield p, int(lay.chunk_order[p])
+
+
+def lay_out(job: Job, keys: list[Key]) -> int:
+    """Lay out the row buffers `keys` (their chunks pinned meanwhile); how many were laid out
+    here. A failure is left to the streams that read them: they lay out and report."""
+    rows = job.assembler.rows
+    todo = [k for k in keys if not rows.buffers.contains((k[0], k[1], k[2]))]
+    if not todo:
+        return 0
+    chunks = [("chunk", job.indexes[d].keys[c]) for d, _, c, _ in todo]
+    try:
+        with job.store.cache.pinned(chunks):
+            rows.lay_out_all(todo)
+    except Exception as e:  # noqa: BLE001 - the streams meet it again and report it
+        log.debug("job %s: row buffers not laid out ahead: %s", job.name, e)
+        return 0
+    return len(todo)
