@@ -1,0 +1,90 @@
+"""A served batch's message (serve/batchmsg.py): the fields a stream keeps serialized once, its
+own fields written beside them, the tokens appended. Its bytes are protobuf's serialization of
+the same Batch with `tokens` moved to the end, whatever the values (zeros left out, as proto3
+does; negative int64; padding or none; int32 or uint16 tokens; several phases of one stream)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tokenfeed.client import wire
+from tokenfeed.server.serve import batchmsg
+from tokenfeed.v1 import tokenfeed_pb2 as pb
+
+
+def _job(name="job-a", fingerprint="f" * 32, phases=((0, "p0"),), version=3):
+    def plan_of(step: int) -> tuple[int, str]:
+        return [p for p in phases if p[0] <= step][-1]
+
+    plans = SimpleNamespace(version=version)
+    return SimpleNamespace(name=name, fingerprint=fingerprint, plan_of=plan_of, plans=plans)
+
+
+def _compact(rows: int, seq_len: int, dtype, padded: bool, seed: int) -> wire.Compact:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 60_000, (rows, seq_len + 1)).astype(dtype)
+    starts = np.sort(rng.integers(1, seq_len, 3 * rows)).astype(wire.position_dtype(seq_len))
+    splits = np.linspace(0, 3 * rows, rows + 1).astype(np.int32)
+    padding = rng.integers(0, 3, rows).astype(wire.position_dtype(seq_len)) if padded else None
+    return wire.Compact(tokens, starts, splits, padding)
+
+
+def _protobuf(job, step, rank, world, epoch, c: wire.Compact) -> bytes:
+    phase_start, plan_fingerprint = job.plan_of(step)
+    fields = wire.encode(c, with_tokens=True)
+    tokens = fields.pop("tokens")
+    head = pb.Batch(
+        job=job.name,
+        step=step,
+        rank=rank,
+        world_size=world,
+        epoch=epoch,
+        job_fingerprint=job.fingerprint,
+        plan_phase_start=phase_start,
+        plan_fingerprint=plan_fingerprint,
+        plan_version=job.plans.version,
+        **fields,
+    ).SerializeToString()
+    return head + pb.Batch(tokens=tokens).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("step", "rank", "world", "epoch", "dtype", "padded"),
+    [
+        (0, 0, 1, 0, np.uint16, False),  # every zero left out
+        (1, 3, 4, 2, np.uint16, True),
+        (2**40 + 7, 127, 128, 129, np.int32, False),  # varints of several bytes
+        (300, 0, 1, -1, np.int32, True),  # a negative int64: ten bytes
+    ],
+)
+def test_the_message_is_protobufs_serialization(step, rank, world, epoch, dtype, padded):
+    job = _job()
+    c = _compact(4, 2048, dtype, padded, seed=step % 1000)
+    message, payload = batchmsg.batch_message(job, step, rank, world, epoch, c)
+    assert message == _protobuf(job, step, rank, world, epoch, c)
+    back = pb.Batch.FromString(message)
+    got = wire.decode(back)  # the client's check of the fingerprint passes
+    assert np.array_equal(got.tokens, c.tokens) and back.step == step and back.epoch == epoch
+    assert payload == c.tokens.nbytes + c.starts.nbytes + c.row_splits.nbytes + (
+        0 if c.padding is None else c.padding.nbytes
+    )
+
+
+def test_a_stream_through_a_phase_and_of_other_jobs_keeps_each_ones_fields():
+    a = _job("a", phases=((0, "first"), (5, "second")))
+    b = _job("b", fingerprint="0" * 32, version=9)
+    for step in range(10):
+        for job in (a, b, a):
+            c = _compact(2, 64, np.uint16, step % 2 == 0, seed=step)
+            message, _ = batchmsg.batch_message(job, step, 1, 2, step // 4, c)
+            assert message == _protobuf(job, step, 1, 2, step // 4, c)
+            assert pb.Batch.FromString(message).plan_fingerprint == job.plan_of(step)[1]
+
+
+def test_tokens_of_a_dtype_the_wire_cannot_carry_are_refused():
+    c = _compact(2, 64, np.uint16, False, seed=1)
+    bad = wire.Compact(c.tokens.astype(np.float32), c.starts, c.row_splits, None)
+    with pytest.raises(wire.WireError, match="no wire encoding"):
+        batchmsg.batch_message(_job(), 1, 0, 1, 0, bad)
