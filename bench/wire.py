@@ -14,9 +14,11 @@
   buffer is laid out by the stream that reads it, as in training;
 - tokenfeed, warm re-read (labelled, never the headline): steps of epoch 0 over and over after
   one pass, every row buffer already laid out;
-- 1 consumer at [8, 2048] and [32, 4096]; 8 ranks of one job of [64, 2048] (8 rows a rank) in
-  8 consumer processes started together, with `server.workers` 1 and 2 (aggregate tokens/s:
-  all tokens over the span from the first start to the last end);
+- 1 consumer at [8, 2048] and [32, 4096], with `server.workers` 1 and 2 (with workers, the
+  supervisor lays out the row buffers ahead and the serving worker maps them: jobs/layahead.py);
+  8 ranks of one job of [64, 2048] (8 rows a rank) in 8 consumer processes started together,
+  with `server.workers` 1 and 2 (aggregate tokens/s: all tokens over the span from the first
+  start to the last end);
 - server CPU: user + system seconds of the server's processes over the measured streams, per
   million tokens, tokenfeed's and the bare server's;
 - `--before REV`: the same rows for the server and client of an earlier commit (a git worktree
@@ -238,10 +240,9 @@ def measure_server(
             wait_ready(server.address, env, result)
             pids = pids_of(server)
             cases = []
-            if n == 1:
-                for rows, seq_len in SHAPES:
-                    for reads in ("once", "warm"):
-                        cases.append(Case(label, n, 1, rows, seq_len, reads))
+            for rows, seq_len in SHAPES:  # one consumer: also with workers, each row once
+                for reads in ("once", "warm") if n == 1 else ("once",):
+                    cases.append(Case(label, n, 1, rows, seq_len, reads))
             cases.append(Case(label, n, result.ranks, *RANK_SHAPE, "once"))
             for case in cases:
                 # Sizing reads steps of an epoch no measurement reaches.

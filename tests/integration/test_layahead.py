@@ -1,6 +1,6 @@
-"""Row buffers laid out a window ahead of the trainers by the process that owns the cache
-(jobs/layahead.py): the window of the furthest request and the next one, once each, only where
-the budget holds both; the same buffers (the same bytes) a stream lays out; with serving
+"""Row buffers laid out ahead of the trainers by the process that owns the cache
+(jobs/layahead.py): the window of the furthest request and the next few, once each, only where
+the budget holds them; the same buffers (the same bytes) a stream lays out; with serving
 workers, the supervisor lays them out into the node's shared buffers before a worker reads
 them."""
 
@@ -29,33 +29,57 @@ def _windows(keys) -> set[tuple[int, int]]:
     return {(e, p) for _, e, _, p in keys}
 
 
-def test_the_furthest_window_and_the_next_are_handed_out_once(tmp_path, corpus):
+def _following(job, e: int, w: int, count: int) -> list[tuple[int, int]]:
+    """(epoch, window) of window w of epoch e and of the `count` windows after it."""
+    out = [(e, w)]
+    while len(out) <= count:
+        e, w = out[-1]
+        windows = len(job.planner.layout(0, e).window_rows) - 1
+        out.append((e, w + 1) if w + 1 < windows else (e + 1, 0))
+    return out
+
+
+def _expected(job, windows) -> list[tuple[int, int, int, int]]:
+    """The keys of these windows: nearest first, each last position first."""
+    out = []
+    for e, w in windows:
+        lay = job.planner.layout(0, e)
+        n, wc = len(lay.chunk_order), lay.window_chunks
+        out += [
+            (0, e, int(lay.chunk_order[p]), p)
+            for p in reversed(range(w * wc, min((w + 1) * wc, n)))
+        ]
+    return out
+
+
+def test_the_furthest_window_and_the_next_ones_are_handed_out_once(tmp_path, corpus):
     job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
     ahead = layahead.WindowLayouts(job, BIG)
+    k = layahead.WINDOWS_AHEAD
     lay = job.planner.layout(0, 0)
-    wc, n = lay.window_chunks, len(lay.chunk_order)
-    assert n > 2 * wc  # the corpus has three windows or more
-    keys = ahead.keys_ahead(0)
-    # Windows 0 and 1 of epoch 0: every position of both, last position first.
-    assert [k[3] for k in keys] == list(range(2 * wc - 1, -1, -1))
-    assert all(k[0] == 0 and k[1] == 0 and k[2] == int(lay.chunk_order[k[3]]) for k in keys)
+    assert len(lay.window_rows) - 1 > k + 1  # more windows in an epoch than are laid out ahead
+    assert ahead.keys_ahead(0) == _expected(job, _following(job, 0, 0, k))
     assert ahead.keys_ahead(0) == []  # handed out once
-    # A step in window 1: only window 2 is new.
+    # A step in window 1: only the window k after it is new.
     step = next(s for s in range(10_000) if _window_of(job, s) == (0, 1))
-    assert [k[3] for k in ahead.keys_ahead(step)] == list(range(min(3 * wc, n) - 1, 2 * wc - 1, -1))
-    # The last window of an epoch: the next is the next epoch's first.
-    last = (len(lay.window_rows) - 2)
+    assert ahead.keys_ahead(step) == _expected(job, _following(job, 0, 1, k)[-1:])
+    # Near an epoch's end the windows ahead are the next epoch's first ones.
+    last = len(lay.window_rows) - 2
     step = next(s for s in range(10_000) if _window_of(job, s) == (0, last))
     got = ahead.keys_ahead(step)
-    assert {k[1] for k in got} == {0, 1} and {k[3] for k in got if k[1] == 1} == set(range(wc))
+    assert got == _expected(job, [w for w in _following(job, 0, last, k) if w[1] > 1 or w[0] > 0])
+    assert {key[1] for key in got} == {0, 1}
 
 
 def test_a_budget_that_holds_one_window_lays_out_only_the_current_one(tmp_path, corpus):
     job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
     lay = job.planner.layout(0, 0)
-    window = layahead.WindowLayouts(job, BIG)._bytes(0, lay, 0)
-    ahead = layahead.WindowLayouts(job, window)  # one window, not two
-    assert [k[3] for k in ahead.keys_ahead(0)] == list(range(lay.window_chunks - 1, -1, -1))
+    sizes = [layahead.WindowLayouts(job, BIG)._bytes(0, lay, w) for w in range(3)]
+    ahead = layahead.WindowLayouts(job, sizes[0] + 2 * sizes[1] - 1)  # not the next one
+    assert ahead.keys_ahead(0) == _expected(job, [(0, 0)])
+    # One more window's room: the next one too.
+    ahead = layahead.WindowLayouts(job, sizes[0] + 2 * sizes[1])
+    assert ahead.keys_ahead(0)[: lay.window_chunks * 2] == _expected(job, [(0, 0), (0, 1)])
 
 
 def test_buffers_laid_out_ahead_are_those_a_stream_lays_out(tmp_path, corpus):

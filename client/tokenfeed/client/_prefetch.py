@@ -47,6 +47,37 @@ def next_segment(steps: int, seconds: float, target: float) -> int:
     return max(FIRST_SEGMENT, min(MAX_SEGMENT, steps * 8, int(rate * target)))
 
 
+class Handoff:
+    """The bounded queue from the read-ahead thread to the consumer, of two C-implemented
+    SimpleQueues (the items, and a token per free place): a batch passes with no Python-level
+    lock or condition, which cost the client more per batch than decoding it (bench/, wire
+    section)."""
+
+    def __init__(self, depth: int):
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(depth):
+            self._free.put(None)
+
+    def put(self, item: object, timeout: float) -> bool:
+        """Queue `item` once a place is free; False if none freed within `timeout` seconds."""
+        try:
+            self._free.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        self._items.put(item)
+        return True
+
+    def get(self, timeout: float) -> object:
+        """The next item (queue.Empty if none came within `timeout` seconds)."""
+        item = self._items.get(timeout=timeout)
+        self._free.put(None)
+        return item
+
+    def qsize(self) -> int:
+        return self._items.qsize()
+
+
 class Prefetcher:
     """Steps [start, end) of one (job, rank, world size), read ahead by a thread."""
 
@@ -62,7 +93,7 @@ class Prefetcher:
     ):
         self.client, self.session = client, client.session
         self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.queue = Handoff(depth)
         self._stop = threading.Event()
         self._call: grpc.Call | None = None
         self._segment = FIRST_SEGMENT
@@ -94,11 +125,8 @@ class Prefetcher:
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
+            if self.queue.put(item, timeout=0.1):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _run(self) -> None:

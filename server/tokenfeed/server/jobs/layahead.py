@@ -4,15 +4,16 @@ Rows are shuffled within a window of chunks, so a stream entering a window reads
 its chunks within a few steps, and each of their row buffers (the chunk's documents in the
 epoch's order, packing.row_buffer) must be laid out first: an epoch's first read of a chunk.
 Streams lay out what their next steps read themselves, just before they read it; this lays out
-every buffer of the window the job's furthest request is in, and of the next window, once per
-window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out in
+every buffer of the window the job's furthest request is in, and of the next few windows, once
+per window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out in
 its prefetch thread, before its streams need them; a supervisor of serving workers lays them
 out in its own process and writes them to the node's shared row buffers (pack/sharedrows.py),
 which its workers map: the layout of an epoch is paid once for all ranks and off every serving
 process (bench/, wire section).
 
-Only what fits: the next window is laid out while one is read only when the row-buffer budget
-(`server.stream_cache_bytes`) holds both, as the docs size it; else only the current one. Only
+Only what fits: windows past the one being read are laid out only while the row-buffer budget
+(`server.stream_cache_bytes`) holds them beside it and one more window; else only the current
+one, as the docs size the budget. Only
 for concat rows of a dataset's first segment (the windows prefetch knows); a later segment's
 rows are laid out by the streams that read them, as before. Nothing here changes a byte: a
 buffer's bytes are decided by its key, whoever lays it out.
@@ -24,13 +25,16 @@ import logging
 from collections.abc import Iterator
 
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.pack import packing
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.segments import CONCAT
 
 log = logging.getLogger(__name__)
 
 WINDOWS_DONE = 4096  # windows remembered as laid out (then forgotten: a look costs little)
+# Windows laid out past the one being read, where the budget holds them: enough that a stream
+# whose windows pass in a few dozen steps ([32, 4096] batches of small chunks) never catches up
+# with the layouts (bench/, wire section).
+WINDOWS_AHEAD = 3
 
 Key = tuple[int, int, int, int]  # (dataset, epoch, chunk, position): RowBuffers.row_buffer's
 
@@ -43,9 +47,10 @@ class WindowLayouts:
         self._done: set[tuple[int, int, int]] = set()
 
     def keys_ahead(self, step: int) -> list[Key]:
-        """Row-buffer keys of the window that step's rows start in and of the window after it
-        (where both fit the budget), for windows not handed out before; in the order a stream
-        lays them out (last position first: a tail is cut from the buffer after it)."""
+        """Row-buffer keys of the window that step's rows start in and of up to WINDOWS_AHEAD
+        windows after it (as many as the budget holds beside the current one), for windows not
+        handed out before: nearest window first, each one last position first (a tail is cut
+        from the buffer after it)."""
         planner = self.job.planner
         datasets, rows = planner.schedule.rows_of_steps(step, step + 1)
         out: list[Key] = []
@@ -60,17 +65,22 @@ class WindowLayouts:
             lay = planner.layout(d, e)
             w = int(lay.window_rows.searchsorted(row, side="right")) - 1
             windows = [(e, w, lay)]
-            after = self._after(d, e, w, lay)
-            if 2 * max(self._bytes(d, lay, w), self._bytes(d, after[2], after[1])) <= self.budget:
+            held = self._bytes(d, lay, w)
+            while len(windows) <= WINDOWS_AHEAD:
+                after = self._after(d, *windows[-1])
+                size = self._bytes(d, after[2], after[1])
+                if held + 2 * size > self.budget:  # the one read, and a stream's own next one
+                    break
                 windows.append(after)
+                held += size
             for e, w, lay in windows:
                 if (d, e, w) in self._done:
                     continue
                 if len(self._done) >= WINDOWS_DONE:
                     self._done.clear()
                 self._done.add((d, e, w))
-                out += [(d, e, c, p) for p, c in _positions(lay, w)]
-        return sorted(out, key=lambda k: (k[0], k[1], k[3]), reverse=True)
+                out += [(d, e, c, p) for p, c in reversed(list(_positions(lay, w)))]
+        return out
 
     def _after(self, d: int, e: int, w: int, lay: order.EpochLayout):
         """(epoch, window, layout) of the window after window w of epoch e."""
@@ -80,11 +90,9 @@ class WindowLayouts:
 
     def _bytes(self, d: int, lay: order.EpochLayout, w: int) -> int:
         """The row buffers of a window, in bytes (their tails left out: at most a row each)."""
-        idx, t = self.job.planner.indexes[d], self.job.tokenizer
+        units = self.job.planner.indexes[d].units_per_chunk
         chunks = [c for _, c in _positions(lay, w)]
-        add_bos = bool(t is not None and t.add_bos)
-        units = packing.concat_units(idx.num_tokens[chunks], idx.num_docs[chunks], add_bos)
-        return int(units.sum()) * self.job.assembler.wire_dtype.itemsize
+        return int(units[chunks].sum()) * self.job.assembler.wire_dtype.itemsize
 
 
 def _positions(lay: order.EpochLayout, w: int) -> Iterator[tuple[int, int]]:

@@ -133,7 +133,7 @@ def batch_message(
     splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
     padding = b"" if compact.padding is None else compact.padding.tobytes()
     fingerprint = wire.fingerprint(compact).encode()
-    parts = [
+    parts: list[bytes | memoryview] = [
         head,
         _varint_field(_STEP, step),
         ranks,
