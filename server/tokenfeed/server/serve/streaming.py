@@ -5,6 +5,7 @@ assembled a group at a time and built ahead of the one being sent (StreamBatches
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -41,6 +42,42 @@ def plan_group(rows: int) -> int:
     """Steps of `rows` rows of a rank a stream plans in one pass: up to PLAN_STEPS, while they
     hold at most PLAN_ROWS rows; at least one."""
     return max(1, min(PLAN_STEPS, PLAN_ROWS // max(rows, 1)))
+
+
+class Ahead:
+    """A stream's built batches between the task that builds them and the sender, a group at a
+    time: a group is queued whole once fewer than `limit` batches wait (so at most `limit - 1`
+    batches and one group wait), and handed over whole, so the two tasks meet once per group,
+    not once per batch (each meeting is a task switch of the event loop)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._groups: collections.deque[list] = collections.deque()
+        self._waiting = 0  # batches queued
+        self._getter: asyncio.Future | None = None
+        self._putter: asyncio.Future | None = None
+
+    async def put(self, group: list) -> None:
+        while self._waiting >= self.limit:
+            self._putter = asyncio.get_running_loop().create_future()
+            await self._putter
+        self._groups.append(group)
+        self._waiting += len(group)
+        _wake(self._getter)
+
+    async def get(self) -> list:
+        while not self._groups:
+            self._getter = asyncio.get_running_loop().create_future()
+            await self._getter
+        group = self._groups.popleft()
+        self._waiting -= len(group)
+        _wake(self._putter)
+        return group
+
+
+def _wake(waiter: asyncio.Future | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 class BatchMaker:
@@ -108,15 +145,16 @@ class BatchMaker:
         return found
 
     async def stream(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
-        """The stream's batches, built while the ones before them are sent: at most
-        `stream_ahead` built and waiting, and one group being built (`stream_group`: up to
-        STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or one larger batch), so a
-        reader that stalls holds `stream_ahead` batches, one group, and the one gRPC is sending
-        with its flow-control window. Up to PLAN_STEPS steps are planned in one pass (`plan_group`),
-        and assembled a group at a time on the event loop, each group in one stretch between
-        awaits: other streams wait at most one large batch's work (measured faster than
-        threads, whose GIL contention with the loop cost more than the overlap gained)."""
-        ready: asyncio.Queue = asyncio.Queue(maxsize=self.stream_ahead)
+        """The stream's batches, built while the ones before them are sent, a group at a time
+        (`stream_group`: up to STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or
+        one larger batch): groups are queued whole while fewer than `stream_ahead` batches wait
+        (`Ahead`), so a reader that stalls holds `stream_ahead - 1` batches and a group queued,
+        a group being built, and the group being sent with gRPC's flow-control window. Up to
+        PLAN_STEPS steps are planned in one pass (`plan_group`), and assembled a group at a
+        time on the event loop, each group in one stretch between awaits: other streams wait at
+        most one large batch's work (measured faster than threads, whose GIL contention with
+        the loop cost more than the overlap gained)."""
+        ready = Ahead(self.stream_ahead)
         seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
         plans = job.plans
 
@@ -158,9 +196,9 @@ class BatchMaker:
                         group = steps[i * per : (i + 1) * per]
                         batches = await self.serialized(job, part, group, rank, world_size)
                         per_batch = (time.perf_counter() - started) / len(group)
-                        for batch in batches:
+                        for _ in batches:
                             seconds.observe(per_batch)
-                            await ready.put(batch)
+                        await ready.put(batches)
                         started = time.perf_counter()
                     if following >= end:
                         break
@@ -171,18 +209,21 @@ class BatchMaker:
                         steps, plan = later
                         if ahead is not None:
                             await ahead
-                await ready.put(None)
+                await ready.put([None])
             except Exception as exc:  # handed to the sender, which aborts the stream with it
-                await ready.put(exc)
+                await ready.put([exc])
             finally:
                 if ahead is not None:
                     ahead.cancel()
 
         producer = asyncio.create_task(produce())
         try:
-            while (item := await ready.get()) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
+            while True:
+                for item in await ready.get():
+                    if item is None:
+                        return
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
         finally:
             producer.cancel()

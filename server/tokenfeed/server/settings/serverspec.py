@@ -203,11 +203,12 @@ class ServerSpec:
         default=2,
         metadata=option(
             Integer(minimum=1),
-            doc="batches each StreamBatches call builds ahead of the one being sent (a group of "
+            doc="batches each StreamBatches call builds ahead of the ones being sent (a group of "
             "up to 8 small batches, at most one [32, 4096] batch's tokens in all, is assembled "
-            "in one pass): a reader that stalls holds this many built batches and a group, plus "
-            "the one in gRPC's hands: at most `2 × stream_ahead + 3` batches of 128 Ki tokens "
-            "per stalled stream, measured 6.4 at the default ([limits](#limits))",
+            "in one pass and queued whole while fewer than this many batches wait): a reader "
+            "that stalls holds fewer than this many built batches and a group queued, a group "
+            "being built, and the group in gRPC's hands: at most `2 × stream_ahead + 3` batches "
+            "of 128 Ki tokens per stalled stream ([limits](#limits))",
             why="enough to keep the wire busy while the next is built (bench/ serving section), "
             "few enough that a reader that stalls holds little memory",
         ),
@@ -221,7 +222,9 @@ class ServerSpec:
             "out in its epoch's order with its tail (at most `seq_len` tokens its last row reads "
             "past the chunk's end), so a row is one slice copy; give it a window of token chunks "
             "and one more chunk (`window_chunks + 1` × token bytes per chunk, "
-            "[sizing](deployment.md#sizing)); a smaller value only costs speed. With `workers` "
+            "[sizing](deployment.md#sizing)); a smaller value only costs speed. Where it holds "
+            "more windows, prefetch lays out up to three windows ahead of the trainers. With "
+            "`workers` "
             "> 1 the workers share the buffers through files in `/dev/shm`, at most this much "
             "([workers](deployment.md#every-core-serving-workers))",
         ),

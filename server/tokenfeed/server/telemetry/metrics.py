@@ -56,8 +56,9 @@ SERVED_TOKENS = Counter(
 ROW_BUFFERS = Counter(
     "tokenfeed_row_buffers_total",
     "Row buffers the serving workers of a node share (server.workers > 1): laid_out (by this "
-    "worker, and written for the others), mapped (another worker's file), unshared (laid out "
-    "here without writing: the other's layout was too slow, or the file could not be written).",
+    "process: the supervisor ahead of the trainers, or a worker; written for the others), "
+    "mapped (another process's file), unshared (laid out here without writing: the other's "
+    "layout was too slow, or the file could not be written).",
     ["outcome"],
     registry=REGISTRY,
 )
