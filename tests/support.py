@@ -173,3 +173,19 @@ class FleetProcesses:
     def stop(self) -> None:
         for s in self.servers:
             s.stop()
+
+
+def workers_server(tmp: Path, corpus: Path, **server) -> ServerProcess:
+    """A server of two serving workers (`server.workers: 2`, metrics on) of one job, "main",
+    over the corpus, ready; `server` adds server options."""
+    cfg = write_config(
+        tmp / "tf.yaml",
+        {"main": job_spec([corpus / "*"])},
+        tmp / "cache",
+        metrics_listen="127.0.0.1:0",
+        workers=2,
+        **server,
+    )
+    proc = ServerProcess(cfg, tmp / "server.log")
+    assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
+    return proc

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from support import ServerProcess, built_job, job_spec, metric, scrape, write_config
+from support import built_job, job_spec, metric, scrape, workers_server
 from tokenfeed.server.jobs import layahead
 from tokenfeed.server.pack import sharedrows
 
@@ -100,16 +100,8 @@ def test_buffers_laid_out_ahead_are_those_a_stream_lays_out(tmp_path, corpus):
 
 
 def test_a_supervisor_lays_out_the_next_window_for_its_workers(tmp_path, corpus):
-    cfg = write_config(
-        tmp_path / "tf.yaml",
-        {"main": job_spec([corpus / "*"])},
-        tmp_path / "cache",
-        metrics_listen="127.0.0.1:0",
-        workers=2,
-    )
-    proc = ServerProcess(cfg, tmp_path / "server.log")
+    proc = workers_server(tmp_path, corpus)
     try:
-        assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
         job = built_job(tmp_path / "probe", job_spec([corpus / "*"]))
         lay = job.planner.layout(0, 0)
         wc = lay.window_chunks

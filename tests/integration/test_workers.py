@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support import ServerProcess, job_spec, metric, scrape, write_config
+from support import ServerProcess, job_spec, metric, scrape, workers_server, write_config
 from tokenfeed.client import Client
 from tokenfeed.server.pack import sharedrows
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -51,27 +51,13 @@ def single(tmp_path_factory, corpus):
     return expected, world4
 
 
-def _workers(tmp: Path, corpus: Path, **server) -> ServerProcess:
-    cfg = write_config(
-        tmp / "tf.yaml",
-        {"main": job_spec([corpus / "*"])},
-        tmp / "cache",
-        metrics_listen="127.0.0.1:0",
-        workers=2,
-        **server,
-    )
-    proc = ServerProcess(cfg, tmp / "server.log")
-    assert proc.wait_ready("main")["state"] == "JOB_STATE_READY", proc.log()
-    return proc
-
-
 def _worker_pids(proc: ServerProcess) -> list[int]:
     return json.loads(proc.ready.read_text())["workers"]
 
 
 def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
     expected, world4 = single
-    proc = _workers(tmp_path, corpus)
+    proc = workers_server(tmp_path, corpus)
     try:
         pids = _worker_pids(proc)
         assert len(pids) == 2
@@ -129,7 +115,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
 
 def test_a_killed_worker_is_replaced_and_the_client_carries_on(tmp_path, corpus, single):
     expected, _ = single
-    proc = _workers(tmp_path, corpus)
+    proc = workers_server(tmp_path, corpus)
     try:
         pids = _worker_pids(proc)
         with Client(proc.address, job="main") as c:
@@ -149,10 +135,10 @@ def test_a_killed_worker_is_replaced_and_the_client_carries_on(tmp_path, corpus,
         assert proc.stop() == 0, proc.log()
 
 
-def test_the_cache_stays_under_its_budget_with_two_workers(tmp_path, corpus, single):
+def test_the_cache_stays_under_its_budget_with_twoworkers_server(tmp_path, corpus, single):
     expected, _ = single
     budget = 200 * 1024
-    proc = _workers(tmp_path, corpus, cache_bytes=budget)
+    proc = workers_server(tmp_path, corpus, cache_bytes=budget)
     cache = tmp_path / "cache"
     try:
         peak = 0
