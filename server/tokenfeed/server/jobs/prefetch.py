@@ -35,7 +35,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
     steps up to the full lead are looked at together: a stream advancing one step at a time
     costs one look per `steps // 2` steps, not one per step. With `rows_budget` (the row
     buffers' memory), the row buffers of the window the furthest request is in and of the
-    next one are laid out too (layahead.py)."""
+    next few are laid out too (layahead.py)."""
     await job.built()
     p = job.progress
     windows = WindowChunks(job)

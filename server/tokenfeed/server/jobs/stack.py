@@ -88,9 +88,10 @@ def plan_keepers(
     }
 
 
-def open_server(config: Config) -> Stack:
+def open_server(config: Config, shared_rows: bool = False) -> Stack:
     """The stack of the process that owns the cache directory (this process's alone while it
-    lives: its rescan removes partial writes)."""
+    lives: its rescan removes partial writes); a supervisor of serving workers
+    (`shared_rows`) lays its row buffers out into the node's shared ones."""
     lock_directory(Path(config.server.cache_dir), "this process")
     cache = DiskCache(config.server.cache_dir, config.server.cache_bytes)
     storage = ObjectStorage(config.object_store, BlockFiles(cache))
@@ -99,7 +100,7 @@ def open_server(config: Config) -> Stack:
     # A supervisor of serving workers lays out row buffers ahead for them (jobs/layahead.py)
     # into the node's shared ones.
     rows = None
-    if config.server.workers > 1:
+    if shared_rows:
         rows = SharedRows(node_dir(config.server.cache_dir), config.server.stream_cache_bytes)
     keepers = plan_keepers(config, storage, cache)
     jobs = _jobs(config, store, storage, shared, None, keepers, rows)

@@ -244,7 +244,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     check_budget(config)
-    jobs = open_server(config).jobs
+    jobs = open_server(config, shared_rows=True).jobs
     held, listen = reserve(config.server.listen)
     held_health, health_listen = (
         reserve(config.server.health_listen) if config.server.health_listen else (None, "")
