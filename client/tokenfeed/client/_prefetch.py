@@ -74,9 +74,6 @@ class Handoff:
         self._free.put(None)
         return item
 
-    def qsize(self) -> int:
-        return self._items.qsize()
-
 
 class Prefetcher:
     """Steps [start, end) of one (job, rank, world size), read ahead by a thread."""
