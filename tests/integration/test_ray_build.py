@@ -69,7 +69,11 @@ def ray_cluster():
     try:
         address_file = temp / "ray_current_cluster"
         deadline = time.monotonic() + 120
-        while b"Ray runtime started" not in (temp / "ray-start.log").read_bytes():
+        # Ray may log that it started a moment before it writes the cluster's address.
+        while (
+            b"Ray runtime started" not in (temp / "ray-start.log").read_bytes()
+            or not address_file.exists()
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 temp / "ray-start.log"
             ).read_text(errors="replace")
