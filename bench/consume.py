@@ -56,6 +56,7 @@ def consume(
     world: int,
     wrap: int = 0,
     sync: bool = False,
+    prefetch: int | None = None,
 ) -> dict:
     tokens = batches = 0
     if mode == "raw":
@@ -73,7 +74,7 @@ def consume(
                     batches += 1
             seconds = time.perf_counter() - began
         return _figures(tokens, seconds, batches, wall, time.process_time() - cpu)
-    with Client(target, job=job) as client:
+    with Client(target, job=job, **({} if prefetch is None else {"prefetch": prefetch})) as client:
         client.describe()  # connected before the clock starts (no row read: each is read once)
         if sync:
             wait_for_go()
@@ -121,8 +122,11 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--wrap", type=int, default=0)
     parser.add_argument("--sync", action="store_true", help="start on a line on stdin")
+    parser.add_argument("--prefetch", type=int, help="the Client's prefetch (default: its own)")
     a = parser.parse_args()
-    figures = consume(a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap, a.sync)
+    figures = consume(
+        a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap, a.sync, a.prefetch
+    )
     print(json.dumps(figures))
 
 

@@ -38,10 +38,15 @@ def test_rendezvous_spreads_ranks_and_keeps_them_in_place(fleet):
         assert addr == rendezvous([s.address for s in fleet.servers], "main", r)[0]
 
 
-def test_sigkill_mid_stream_continues_on_the_next_server(fleet):
+# Streams read on the trainer's thread (the default) and by a read-ahead thread.
+READ_MODES = pytest.mark.parametrize("prefetch", [None, 2], ids=["inline", "thread"])
+
+
+@READ_MODES
+def test_sigkill_mid_stream_continues_on_the_next_server(fleet, prefetch):
     expected = reference(fleet, 0, STEPS)
     seen, servers = [], []
-    with Client(fleet.target, job="main", prefetch=2) as c:
+    with Client(fleet.target, job="main", prefetch=prefetch) as c:
         for batch in c.iter_batches(0, STEPS):
             seen.append(batch.fingerprint)
             servers.append(batch.server)
@@ -143,10 +148,11 @@ def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
         a.stop(), b.stop()
 
 
-def test_a_hung_server_is_left_behind(fleet):
+@READ_MODES
+def test_a_hung_server_is_left_behind(fleet, prefetch):
     """SIGSTOP: the server keeps its connections open and answers nothing."""
     expected = reference(fleet, 0, 60)
-    with Client(fleet.target, job="main", timeout=9, prefetch=2) as c:
+    with Client(fleet.target, job="main", timeout=9, prefetch=prefetch) as c:
         home = fleet.by_address(c.get_batch(0).server)
         home.proc.send_signal(signal.SIGSTOP)
         try:
@@ -158,12 +164,15 @@ def test_a_hung_server_is_left_behind(fleet):
     assert seen == expected
 
 
-def test_closing_the_client_stops_its_streams(fleet):
-    c = Client(fleet.target, job="main", prefetch=2)
+@READ_MODES
+def test_closing_the_client_stops_its_streams(fleet, prefetch):
+    c = Client(fleet.target, job="main", prefetch=prefetch)
     stream = c.iter_batches(0, None)
     assert next(stream).step == 0
     c.close()
     assert not [t for t in threading.enumerate() if t.name == "tokenfeed-prefetch"]
+    time.sleep(1.0)  # a stream's watchdog checks its stop at least every 0.5 s
+    assert not [t for t in threading.enumerate() if t.name == "tokenfeed-watchdog"]
     with pytest.raises((StopIteration, ValueError)):
         for _ in range(10):  # what was already queued may still come out, then it ends
             next(stream)
@@ -254,3 +263,29 @@ def test_growing_and_shrinking_the_fleet_changes_no_batch(tmp_path, corpus):
     assert len({addr for r in range(world) for _, addr in seen[r]}) == 3, "the new servers served"
     assert leaving.address not in last, "the ranks moved off the removed server"
     print(f"\nfleet 1 -> 3 -> 2 servers, {world} ranks x {steps} steps: every batch equal")
+
+
+def test_a_stream_read_on_the_trainers_thread_starts_no_thread(fleet):
+    expected = reference(fleet, 0, 40)
+    with Client(fleet.target, job="main") as c:
+        before = {t.name for t in threading.enumerate()}
+        seen = []
+        for batch in c.iter_batches(0, 40):
+            seen.append(batch.fingerprint)
+            assert "tokenfeed-prefetch" not in {t.name for t in threading.enumerate()}
+    assert "tokenfeed-prefetch" not in before
+    assert seen == expected
+
+
+def test_a_trainer_slower_than_the_silence_limit_is_not_taken_for_a_hung_server(fleet):
+    """Read on the trainer's thread, the time the trainer keeps a batch is not the server's
+    silence: the stream stays on its server and nothing is read twice."""
+    expected = reference(fleet, 0, 6)
+    with Client(fleet.target, job="main", attempt_timeout=0.5) as c:
+        seen, servers = [], []
+        for batch in c.iter_batches(0, 6):
+            seen.append(batch.fingerprint)
+            servers.append(batch.server)
+            time.sleep(1.2)  # a slow step, longer than the silence limit
+    assert seen == expected
+    assert len(set(servers)) == 1, "no failover: the server was never silent while asked"

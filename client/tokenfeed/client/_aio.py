@@ -2,9 +2,9 @@
 grpc.aio.
 
 `iter_batches` is an async generator; a task reads the server stream ahead into a bounded
-asyncio.Queue of `prefetch` decoded batches, in segments like the sync client's (_prefetch.py),
-so the trainer's wait report travels with each segment's request. `warm` starts such a task
-before the trainer asks.
+asyncio.Queue of `prefetch` decoded batches (4 by default), in segments like the sync
+client's (_prefetch.py), so the trainer's wait report travels with each segment's request.
+`warm` starts such a task before the trainer asks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
-from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
+from tokenfeed.client._prefetch import FIRST_SEGMENT, WARM_STEPS, next_segment
 from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded
@@ -27,6 +27,8 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
 _END = object()
+# Decoded batches a stream's task keeps ready when `prefetch` is not given.
+AIO_DEPTH = 4
 
 
 class AsyncClient(ClientBase):
@@ -207,7 +209,7 @@ class AsyncClient(ClientBase):
     ) -> None:
         """Start fetching steps [step, step + steps) in a task and return at once (see
         `Client.warm`); call it from the event loop's thread."""
-        name, count = self._job(job), steps or self.prefetch
+        name, count = self._job(job), steps or self.prefetch or WARM_STEPS
         if count < 1:
             raise ValueError(f"steps must be >= 1, got {count}")
         old = self._warm.pop((name, rank, world_size), None)
@@ -235,7 +237,9 @@ class AsyncClient(ClientBase):
         prefetch: int | None = None,
     ) -> AsyncIterator[Batch]:
         """Steps [start_step, end_step) in order, read ahead by a background task."""
-        name, depth = self._job(job), prefetch or self.prefetch
+        # A queue of at least one batch: the asyncio client always reads in its own task.
+        name, depth = self._job(job), prefetch if prefetch is not None else self.prefetch
+        depth = AIO_DEPTH if depth is None else max(1, depth)
         step = start_step
         warmed = self._warmed(name, rank, world_size, step)
         stream = None

@@ -33,7 +33,7 @@ class ClientBase:
         *,
         timeout: float = Policy.timeout,
         attempt_timeout: float | None = Policy.attempt_timeout,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         verify: bool = Policy.verify,
         backoff: float = Policy.backoff,
         max_backoff: float = Policy.max_backoff,
@@ -57,7 +57,9 @@ class ClientBase:
         """`target`: "host:port", "h1:p,h2:p" or "dns:///name:port"; `job`: the default job
         of every call. `timeout`: overall seconds per call (or per stream without progress);
         `attempt_timeout`: per server, and the longest a stream may stay silent (None: a third
-        of `timeout`); `prefetch`: batches a stream reads ahead; `verify`: check each batch's
+        of `timeout`); `prefetch`: decoded batches a stream reads ahead (None: the
+        sync client reads on the trainer's thread, as the trainer asks, while gRPC receives
+        ahead; the asyncio client keeps 4 in its task); `verify`: check each batch's
         fingerprint; `backoff`/`max_backoff`: seconds between rounds of servers;
         `suspect_seconds`: how long a failed server goes to the back of the ranking;
         `max_pushback`: the longest a server's retry pushback is obeyed; `keepalive_seconds`
@@ -68,8 +70,8 @@ class ClientBase:
         `plan_check_seconds`: how often the servers' data plans are compared (0: only the
         batches' own checks; enough where the servers share a store); `tls*`, `token`,
         `token_file`: credentials (docs/client.md)."""
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if prefetch is not None and prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         if not report_seconds > 0:
             raise ValueError(f"report_seconds must be > 0, got {report_seconds}")
         if not plan_check_seconds >= 0:

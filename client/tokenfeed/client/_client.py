@@ -1,11 +1,12 @@
 """The synchronous client.
 
-`get_batch` is one unary call; `iter_batches` keeps up to `prefetch` decoded batches ready in a
-background thread that reads a server stream (StreamBatches, _prefetch.py), so the trainer
-never waits while the servers keep up; `warm` starts that reading before the trainer asks
-(while it restores a checkpoint). Both fail over along the rendezvous ranking on UNAVAILABLE
-or DEADLINE_EXCEEDED and continue from the same step (the policy: _attempts.py): batches are a
-pure function of the step, so the sequence is the same whichever server sends it.
+`get_batch` is one unary call; `iter_batches` reads a server stream (StreamBatches,
+_prefetch.py): on the trainer's thread by default, while gRPC receives the next batches, or
+with `prefetch` N by a thread that keeps up to N decoded batches ready; `warm` starts a stream
+before the trainer asks (while it restores a checkpoint). Both fail over along the rendezvous
+ranking on UNAVAILABLE or DEADLINE_EXCEEDED and continue from the same step (the policy:
+_attempts.py): batches are a pure function of the step, so the sequence is the same whichever
+server sends it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from google.protobuf import json_format
 from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
-from tokenfeed.client._prefetch import Prefetcher, Warmed
+from tokenfeed.client._prefetch import WARM_STEPS, Prefetcher, Warmed
 from tokenfeed.client._session import channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -115,7 +116,7 @@ class Client(ClientBase):
         background and return at once: call it as soon as the resume step is known, before
         restoring the checkpoint, and the first `get_batch(step)` or `iter_batches(step)` of
         the same job, rank and world size takes the batches already here."""
-        name, count = self._job(job), steps or self.prefetch
+        name, count = self._job(job), steps or self.prefetch or WARM_STEPS
         if count < 1:
             raise ValueError(f"steps must be >= 1, got {count}")
         stream = self._stream(name, step, step + count, rank, world_size, count)
@@ -272,7 +273,9 @@ class Client(ClientBase):
         prefetch: int | None = None,
     ) -> Generator[Batch, None, None]:
         """Steps [start_step, end_step) in order (end None: until the caller stops)."""
-        name, depth = self._job(job), prefetch or self.prefetch
+        name, depth = self._job(job), prefetch if prefetch is not None else self.prefetch or 0
+        if depth < 0:
+            raise ValueError(f"prefetch must be >= 0, got {depth}")
         step = start_step
         warmed = self._warmed(name, rank, world_size, step)
         stream = None

@@ -111,7 +111,7 @@ class TokenFeedDataset(IterableDataset[dict[str, torch.Tensor]]):
         if info is not None and info.num_workers > 0:
             raise RuntimeError(
                 "TokenFeedDataset runs in the main process: use DataLoader(num_workers=0); "
-                "the client already prefetches in a background thread"
+                "the client's stream already reads ahead"
             )
         batches = self.client.iter_batches(
             self.next_step, self.end_step, self.rank, self.world_size, job=self.job
