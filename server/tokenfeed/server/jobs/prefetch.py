@@ -48,7 +48,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
         if first > max(p.furthest, 0) + (steps + 1) // 2:
-            await p.changed()
+            await p.reaches(first - (steps + 1) // 2)
             continue
         was = p.furthest
         try:
