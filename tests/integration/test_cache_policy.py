@@ -16,9 +16,9 @@ from support import (
     built_job,
     job_spec,
     metric,
+    mixture_job,
     scrape,
     write_config,
-    write_jsonl,
 )
 from tokenfeed.server.jobs.future import next_use
 from tokenfeed.server.jobs.prefetch import WindowChunks, fetch_steps
@@ -68,20 +68,7 @@ def test_prefetch_plans_the_chunks_of_whole_global_batches(job, first, steps):
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory, texts):
     """Two datasets (3:1, then 1:3 from step 20, 16 rows a step from step 40), built."""
-    tmp = tmp_path_factory.mktemp("policy-mix")
-    web = write_jsonl(tmp / "web.jsonl", texts[:250])
-    books = write_jsonl(tmp / "books.jsonl", texts[250:330])
-    spec = job_spec([])
-    del spec["sources"]
-    spec["datasets"] = {
-        "web": {"sources": [str(web)], "weight": 3},
-        "books": {"sources": [str(books)], "weight": 1},
-    }
-    spec["schedule"] = [
-        {"start_step": 20, "weights": {"books": 3}},
-        {"start_step": 40, "global_batch_size": 16},
-    ]
-    return built_job(tmp / "cache", spec, "mix")
+    return mixture_job(tmp_path_factory.mktemp("policy-mix"), texts)
 
 
 @pytest.fixture(scope="module")

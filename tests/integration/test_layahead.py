@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from support import built_job, job_spec, metric, scrape, workers_server, write_jsonl
+from support import built_job, job_spec, metric, mixture_job, scrape, workers_server
 from tokenfeed.server.jobs import layahead
 from tokenfeed.server.pack import sharedrows
 
@@ -72,23 +72,6 @@ def test_the_furthest_window_and_the_next_ones_are_handed_out_once(tmp_path, cor
     assert {key[1] for key in got} == {0, 1}
 
 
-def _mixture(tmp_path, texts):
-    """Two datasets (3:1, then 1:3 from step 20, 16 rows a step from step 40), built."""
-    web = write_jsonl(tmp_path / "web.jsonl", texts[:250])
-    books = write_jsonl(tmp_path / "books.jsonl", texts[250:330])
-    spec = job_spec([])
-    del spec["sources"]
-    spec["datasets"] = {
-        "web": {"sources": [str(web)], "weight": 3},
-        "books": {"sources": [str(books)], "weight": 1},
-    }
-    spec["schedule"] = [
-        {"start_step": 20, "weights": {"books": 3}},
-        {"start_step": 40, "global_batch_size": 16},
-    ]
-    return built_job(tmp_path / "cache", spec, "mix")
-
-
 def test_looks_hand_out_the_windows_of_each_step_once_across_an_epoch_end(tmp_path, corpus):
     """Looks every few steps (each dataset's last window remembered) hand out, at each step,
     the windows of its first row and the next few not handed out before, in order: the same
@@ -116,7 +99,7 @@ def test_a_remembered_window_hands_out_what_a_fresh_walk_does(tmp_path, corpus, 
         job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
         end = 2 * job.steps_per_epoch + 10
     else:
-        job = _mixture(tmp_path, texts)
+        job = mixture_job(tmp_path, texts)
         end = 240  # the second dataset's 2nd epoch end; the first's 4th window
     lay = job.planner.layout(0, 0)
     sizes = [layahead.WindowLayouts(job, BIG)._bytes(0, lay, w) for w in range(3)]
