@@ -66,6 +66,23 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
     return path
 
 
+def mixture_job(tmp: Path, texts: list[str], name: str = "mix"):
+    """Two datasets (3:1, then 1:3 from step 20, 16 rows a step from step 40), built."""
+    web = write_jsonl(tmp / "web.jsonl", texts[:250])
+    books = write_jsonl(tmp / "books.jsonl", texts[250:330])
+    spec = job_spec([])
+    del spec["sources"]
+    spec["datasets"] = {
+        "web": {"sources": [str(web)], "weight": 3},
+        "books": {"sources": [str(books)], "weight": 1},
+    }
+    spec["schedule"] = [
+        {"start_step": 20, "weights": {"books": 3}},
+        {"start_step": 40, "global_batch_size": 16},
+    ]
+    return built_job(tmp / "cache", spec, name)
+
+
 class ServerProcess:
     """`tokenfeed serve` in a child process; `address` once it listens."""
 

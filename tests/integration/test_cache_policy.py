@@ -3,9 +3,11 @@ and prefetch keeps the chunks of the next steps in the cache before they are ask
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -14,12 +16,12 @@ from support import (
     built_job,
     job_spec,
     metric,
+    mixture_job,
     scrape,
     write_config,
-    write_jsonl,
 )
 from tokenfeed.server.jobs.future import next_use
-from tokenfeed.server.jobs.prefetch import WindowChunks
+from tokenfeed.server.jobs.prefetch import WindowChunks, fetch_steps
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +68,7 @@ def test_prefetch_plans_the_chunks_of_whole_global_batches(job, first, steps):
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory, texts):
     """Two datasets (3:1, then 1:3 from step 20, 16 rows a step from step 40), built."""
-    tmp = tmp_path_factory.mktemp("policy-mix")
-    web = write_jsonl(tmp / "web.jsonl", texts[:250])
-    books = write_jsonl(tmp / "books.jsonl", texts[250:330])
-    spec = job_spec([])
-    del spec["sources"]
-    spec["datasets"] = {
-        "web": {"sources": [str(web)], "weight": 3},
-        "books": {"sources": [str(books)], "weight": 1},
-    }
-    spec["schedule"] = [
-        {"start_step": 20, "weights": {"books": 3}},
-        {"start_step": 40, "global_batch_size": 16},
-    ]
-    return built_job(tmp / "cache", spec, "mix")
+    return mixture_job(tmp_path_factory.mktemp("policy-mix"), texts)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +94,26 @@ def test_prefetch_windows_hold_every_chunk_the_steps_read(request, which):
             job.indexes[d].keys[c] for d, c in job.planner.chunks_of_steps(first, first + steps)
         }
         assert read <= around, (first, steps, read - around)
+        # The last call's windows remembered: the same keys as found afresh.
+        assert around == WindowChunks(job).of_steps(first, first + steps), (first, steps)
     assert len(windows.of_steps(0, 1)) < sum(len(i.keys) for i in job.indexes)
+
+
+def test_prefetch_fetches_a_chunk_evicted_between_two_looks_in_one_window(tmp_path, corpus):
+    """A look whose steps' windows are those of the last look (their keys remembered) still
+    asks the cache for every one of their chunks: one evicted meanwhile is fetched again."""
+    job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+    windows = WindowChunks(job)
+    first = next(s for s in range(2, 100) if windows.of_steps(s, s + 2) is windows.of_steps(0, 2))
+    read = job.planner.chunks_of_steps(first, first + 2)
+    key = min(job.indexes[d].keys[c] for d, c in read)
+    with ThreadPoolExecutor(2) as pool:
+        asyncio.run(fetch_steps(job, pool, 0, 2, windows))
+        job.store.drop(key, "evicted", body_only=True)
+        assert not job.store.has_body(key)
+        asyncio.run(fetch_steps(job, pool, first, first + 2, windows))
+    assert windows.of_steps(first, first + 2) is windows.of_steps(0, 2)
+    assert job.store.has_body(key)
 
 
 @pytest.mark.parametrize("furthest", [0, 7, 30])

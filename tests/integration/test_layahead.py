@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from support import built_job, job_spec, metric, scrape, workers_server
+import pytest
+from support import built_job, job_spec, metric, mixture_job, scrape, workers_server
 from tokenfeed.server.jobs import layahead
 from tokenfeed.server.pack import sharedrows
 
@@ -69,6 +70,54 @@ def test_the_furthest_window_and_the_next_ones_are_handed_out_once(tmp_path, cor
     got = ahead.keys_ahead(step)
     assert got == _expected(job, [w for w in _following(job, 0, last, k) if w[1] > 1 or w[0] > 0])
     assert {key[1] for key in got} == {0, 1}
+
+
+def test_looks_hand_out_the_windows_of_each_step_once_across_an_epoch_end(tmp_path, corpus):
+    """Looks every few steps (each dataset's last window remembered) hand out, at each step,
+    the windows of its first row and the next few not handed out before, in order: the same
+    as found from that step's rows alone, across windows and an epoch end, and after a
+    rollback."""
+    job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+    ahead, done = layahead.WindowLayouts(job, BIG), set()
+    spe = job.steps_per_epoch
+    steps = [*range(0, 2 * spe + 10, 3), *range(spe // 2, spe + 10, 2)]
+    assert {_window_of(job, s)[0] for s in steps} == {0, 1, 2}  # two epochs' ends
+    for step in steps:
+        want = [w for w in _following(job, *_window_of(job, step), layahead.WINDOWS_AHEAD)]
+        want = [w for w in want if w not in done]
+        done.update(want)
+        assert ahead.keys_ahead(step) == _expected(job, want), step
+
+
+@pytest.mark.parametrize("which", ["one", "mixture"])
+def test_a_remembered_window_hands_out_what_a_fresh_walk_does(tmp_path, corpus, texts, which):
+    """Each look hands out exactly what a WindowLayouts that remembers no window (with the
+    same windows handed out) hands out: under a budget that holds only some windows ahead,
+    a memory of handed-out windows so short that it is forgotten meanwhile, across windows,
+    epochs, a mixture's phases, and back after a rollback."""
+    if which == "one":
+        job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+        end = 2 * job.steps_per_epoch + 10
+    else:
+        job = mixture_job(tmp_path, texts)
+        end = 240  # the second dataset's 2nd epoch end; the first's 4th window
+    lay = job.planner.layout(0, 0)
+    sizes = [layahead.WindowLayouts(job, BIG)._bytes(0, lay, w) for w in range(3)]
+    steps = [*range(0, end, 3), *range(end // 3, end // 2)]
+    for budget, kept in [(BIG, layahead.WINDOWS_DONE), (sum(sizes) + sizes[2], 5)]:
+        ahead, epochs = layahead.WindowLayouts(job, budget), set()
+        for step in steps:
+            fresh = layahead.WindowLayouts(job, budget)
+            fresh._done = set(ahead._done)
+            layahead.WINDOWS_DONE, was = kept, layahead.WINDOWS_DONE
+            try:
+                got, want = ahead.keys_ahead(step), fresh.keys_ahead(step)
+            finally:
+                layahead.WINDOWS_DONE = was
+            assert got == want, (budget, step)
+            assert ahead._done == fresh._done
+            epochs |= {key[1] for key in got}
+        assert {0, 1, 2} <= epochs
 
 
 def test_a_budget_that_holds_one_window_lays_out_only_the_current_one(tmp_path, corpus):

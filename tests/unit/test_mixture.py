@@ -156,6 +156,24 @@ def test_rows_of_steps_are_the_rows_of_every_step(weights, batch, first, steps, 
 
 
 @given(
+    weights_st,
+    st.integers(1, 6),
+    st.integers(0, 30),
+    st.integers(0, 12),
+    st.integers(1, 20),
+)
+@settings(max_examples=100, deadline=None)
+def test_row_spans_are_the_rows_of_steps(weights, batch, first, steps, change):
+    """Each dataset's rows in a stretch of steps are one run, rows lo..hi-1 (what prefetch
+    looks up windows from), across a phase with another batch size that adds a dataset."""
+    s = schedule(weights, batch, later=[(change, batch + 2, [1] * (len(weights) + 1))])
+    lo, hi = s.row_spans(first, first + steps)
+    datasets, rows = s.rows_of_steps(first, first + steps)
+    for d in range(len(weights) + 1):
+        assert sorted(rows[datasets == d].tolist()) == list(range(lo[d], hi[d]))
+
+
+@given(
     st.sampled_from([[1], [2, 1], [1, 1, 1]]),
     st.integers(1, 6),
     st.lists(st.integers(0, 40), min_size=1, max_size=9),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from tokenfeed.server.jobs import progress as progress_mod
@@ -56,3 +57,27 @@ def test_the_common_path_never_walks_the_ranks(monkeypatch):
         for rank in range(1000):
             p.note(step, rank, 1000, 1000.0 + step)
     assert calls == []
+
+
+def test_a_waiter_wakes_at_the_step_it_waits_for_or_a_rollback():
+    """Prefetch waits for the step its next look is due at: earlier steps do not wake it."""
+
+    async def run() -> list[str]:
+        p, woke = Progress(), []
+        p.note(10, 0, 1, 1000.0)
+
+        async def wait(step: int) -> None:
+            await p.reaches(step)
+            woke.append(f"{step} at {p.furthest}")
+
+        await p.reaches(0)  # the advance to 10 happened before any wait: it wakes at once
+        for step, moves in [(14, [11, 12, 13, 14]), (20, [15, 16, 3])]:
+            task = asyncio.create_task(wait(step))
+            for s in moves:
+                await asyncio.sleep(0)
+                assert not task.done(), (step, s)
+                p.note(s, 0, 1, 1000.0 + s)  # one rank: a lower step is a rollback
+            await asyncio.wait_for(task, 1.0)
+        return woke
+
+    assert asyncio.run(run()) == ["14 at 14", "20 at 3"]

@@ -127,6 +127,13 @@ class DiskCache:
         with self._lock:
             return (kind, key) in self.ledger.entries
 
+    def contains_all(self, kind: str, keys: Iterable[str]) -> bool:
+        """Whether every one of these entries is present: one taking of the lock, not one per
+        key (prefetch asks for a window's dozen chunks every few steps)."""
+        with self._lock:
+            entries = self.ledger.entries
+            return all((kind, key) in entries for key in keys)
+
     @contextmanager
     def pinned(self, entries: Iterable[EntryKey]) -> Iterator[None]:
         """Entries (present or not yet) that must not be evicted while the block runs."""

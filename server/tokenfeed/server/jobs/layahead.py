@@ -22,7 +22,7 @@ buffer's bytes are decided by its key, whoever lays it out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.sampling import order
@@ -45,41 +45,62 @@ class WindowLayouts:
     def __init__(self, job: Job, budget: int):
         self.job, self.budget = job, budget
         self._done: set[tuple[int, int, int]] = set()
+        # Per dataset, the windows found for the rows of its last look's window: the same for
+        # every row of that window while the schedule is the same (the layouts and the budget
+        # are fixed), so a look within it finds them again without a walk.
+        self._found: dict[int, _Found] = {}
 
     def keys_ahead(self, step: int) -> list[Key]:
         """Row-buffer keys of the window that step's rows start in and of up to WINDOWS_AHEAD
         windows after it (as many as the budget holds beside the current one), for windows not
         handed out before: nearest window first, each one last position first (a tail is cut
         from the buffer after it)."""
-        planner = self.job.planner
-        datasets, rows = planner.schedule.rows_of_steps(step, step + 1)
+        first, end = self.job.planner.schedule.row_spans(step, step + 1)
         out: list[Key] = []
-        for d in sorted(set(datasets.tolist())):
-            row = int(rows[datasets == d].min())
-            idx, segs = planner.indexes[d], planner.segments(d)
-            if not idx.ready or segs[0].packing != CONCAT:
-                continue
-            if len(segs) > 1 and row >= segs[1].first_row:
-                continue  # a later segment: its streams lay its rows out
-            e = row * idx.per_row // idx.units_per_epoch
-            lay = planner.layout(d, e)
-            w = int(lay.window_rows.searchsorted(row, side="right")) - 1
-            windows = [(e, w, lay)]
-            held = self._bytes(d, lay, w)
-            while len(windows) <= WINDOWS_AHEAD:
-                after = self._after(d, *windows[-1])
-                size = self._bytes(d, after[2], after[1])
-                if held + 2 * size > self.budget:  # the one read, and a stream's own next one
-                    break
-                windows.append(after)
-                held += size
-            for e, w, lay in windows:
-                if (d, e, w) in self._done:
+        for d, (row, after) in enumerate(zip(first, end, strict=True)):
+            if row == after:
+                continue  # no row of d in this step
+            for key, lay in self._windows(d, row):
+                if key in self._done:
                     continue
                 if len(self._done) >= WINDOWS_DONE:
                     self._done.clear()
-                self._done.add((d, e, w))
-                out += [(d, e, c, p) for p, c in reversed(list(_positions(lay, w)))]
+                self._done.add(key)
+                out += _keys(lay, *key)
+        return out
+
+    def _windows(self, d: int, row: int) -> list[tuple[tuple[int, int, int], order.EpochLayout]]:
+        """((d, epoch, window), layout) of the window `row` starts in and of the windows after
+        it that the budget holds; none for rows the streams lay out themselves."""
+        planner = self.job.planner
+        idx, schedule = planner.indexes[d], planner.schedule
+        found = self._found.get(d)
+        if found is not None and found.lo <= row < found.hi and found.schedule is schedule:
+            return found.windows if idx.ready else []
+        if not idx.ready:  # first: segments made while it builds would be remembered
+            return []
+        segs = planner.segments(d)
+        if segs[0].packing != CONCAT:
+            return []
+        if len(segs) > 1 and row >= segs[1].first_row:
+            return []  # a later segment: its streams lay its rows out
+        e = row * idx.per_row // idx.units_per_epoch
+        lay = planner.layout(d, e)
+        w = int(lay.window_rows.searchsorted(row, side="right")) - 1
+        windows = [(e, w, lay)]
+        held = self._bytes(d, lay, w)
+        while len(windows) <= WINDOWS_AHEAD:
+            after = self._after(d, *windows[-1])
+            size = self._bytes(d, after[2], after[1])
+            if held + 2 * size > self.budget:  # the one read, and a stream's own next one
+                break
+            windows.append(after)
+            held += size
+        lo, hi = int(lay.window_rows[w]), int(lay.window_rows[w + 1])
+        if len(segs) > 1:
+            hi = min(hi, segs[1].first_row)
+        out = [((d, e, w), lay) for e, w, lay in windows]
+        self._found[d] = _Found(schedule, lo, hi, out)
         return out
 
     def _after(self, d: int, e: int, w: int, lay: order.EpochLayout):
@@ -91,15 +112,26 @@ class WindowLayouts:
     def _bytes(self, d: int, lay: order.EpochLayout, w: int) -> int:
         """The row buffers of a window, in bytes (their tails left out: at most a row each)."""
         units = self.job.planner.indexes[d].units_per_chunk
-        chunks = [c for _, c in _positions(lay, w)]
+        a = w * lay.window_chunks
+        chunks = lay.chunk_order[a : a + lay.window_chunks]
         return int(units[chunks].sum()) * self.job.assembler.wire_dtype.itemsize
 
 
-def _positions(lay: order.EpochLayout, w: int) -> Iterator[tuple[int, int]]:
-    """(position, chunk) of each chunk of window w."""
-    n = len(lay.chunk_order)
-    for p in range(w * lay.window_chunks, min((w + 1) * lay.window_chunks, n)):
-        yield p, int(lay.chunk_order[p])
+@dataclass(frozen=True)
+class _Found:
+    """The windows found for rows [lo, hi) of a dataset under one schedule."""
+
+    schedule: object
+    lo: int
+    hi: int
+    windows: list[tuple[tuple[int, int, int], order.EpochLayout]]
+
+
+def _keys(lay: order.EpochLayout, d: int, e: int, w: int) -> list[Key]:
+    """The row-buffer keys of window w, last position first."""
+    a = w * lay.window_chunks
+    chunks = lay.chunk_order[a : a + lay.window_chunks].tolist()
+    return [(d, e, chunks[i], a + i) for i in reversed(range(len(chunks)))]
 
 
 def lay_out(job: Job, keys: list[Key]) -> int:

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 from tokenfeed.server.errors import BadRecordError, NotBuiltError, SourceError
 from tokenfeed.server.indexing.index import READY
 from tokenfeed.server.jobs import layahead
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling.epochlayouts import DatasetUnits
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
         if first > max(p.furthest, 0) + (steps + 1) // 2:
-            await p.changed()
+            await p.reaches(first - (steps + 1) // 2)
             continue
         was = p.furthest
         try:
@@ -80,7 +83,7 @@ async def fetch_steps(
     """Every chunk that the global batches of steps [first, end) read, in the cache."""
     if windows is not None:
         around = windows.of_steps(first, end)
-        if around is not None and all(job.store.has_body(key) for key in around):
+        if around is not None and job.store.has_bodies(around):
             return  # every chunk the steps could read is there
     needed = job.planner.chunks_of_steps(first, end)
     missing = [(d, c) for d, c in needed if not job.store.has_body(job.indexes[d].keys[c])]
@@ -96,39 +99,61 @@ async def fetch_steps(
 
 class WindowChunks:
     """The keys of the chunks that rows starting in a window read: the window's chunks and
-    the chunks their row buffers' tails read into, made once per window (a few layout lookups
-    per call, no row planned). Only for rows of a dataset's first segment, of a built index."""
+    the chunks their row buffers' tails read into, made once per window (no row planned). A
+    call whose rows start and end in the windows of the last call's rows (prefetch's next look,
+    most often) takes its keys again without a lookup. Only for rows of a dataset's first
+    segment, of a built index."""
 
     def __init__(self, job: Job):
         self.job = job
         self._known: dict[tuple[int, int, int], tuple[order.EpochLayout, frozenset[str]]] = {}
+        self._last: _LastLook | None = None  # the last call's windows and keys
 
-    def of_steps(self, first: int, end: int) -> set[str] | None:
+    def of_steps(self, first: int, end: int) -> frozenset[str] | None:
         """The keys of every chunk of the windows that the rows of the global batches of steps
         [first, end) start in (so of every chunk those rows read); None where this cannot
         tell (an index still building, rows of a later segment): then plan the rows."""
         planner = self.job.planner
-        datasets, rows = planner.schedule.rows_of_steps(first, end)
-        if not len(rows):
-            return set()
+        schedule = planner.schedule
+        lo, hi = schedule.row_spans(first, end)
+        last = self._last
+        if last is not None and last.holds(schedule, lo, hi, planner.indexes):
+            return last.keys
         out: set[str] = set()
-        lone = len(planner.indexes) == 1  # a job of one dataset: every row is its own
-        for d in [0] if lone else sorted(set(datasets.tolist())):
-            mine = rows if lone else rows[datasets == d]
-            lo, hi = int(mine.min()), int(mine.max())
-            idx, segs = planner.indexes[d], planner.segments(d)
-            if not idx.ready or (len(segs) > 1 and hi >= segs[1].first_row):
+        spans: list[tuple[int, int, int, int] | None] = []
+        for d, (a_row, after) in enumerate(zip(lo, hi, strict=True)):
+            if a_row == after:  # no row of d in these steps
+                spans.append(None)
+                continue
+            b_row, a_span, b_span = after - 1, [0, 0], [0, 0]
+            idx = planner.indexes[d]
+            if not idx.ready:  # first: segments made while it builds would be remembered
+                return None
+            segs = planner.segments(d)
+            if len(segs) > 1 and b_row >= segs[1].first_row:
                 return None
             per_row, units = idx.per_row, idx.units_per_epoch  # order.epoch_of_row, in ints
-            for e in range(lo * per_row // units, hi * per_row // units + 1):
+            first_epoch, last_epoch = a_row * per_row // units, b_row * per_row // units
+            for e in range(first_epoch, last_epoch + 1):
                 lay = planner.layout(d, e)
-                a, b = max(lo, lay.first_row), min(hi, lay.end_row - 1)
+                a, b = max(a_row, lay.first_row), min(b_row, lay.end_row - 1)
                 if a > b:
                     continue
                 found = lay.window_rows.searchsorted((a, b), side="right").tolist()
                 for w in range(found[0] - 1, found[1]):
                     out |= self._window(d, e, w, lay)
-        return out
+                # The windows that a_row and b_row are in: any rows of those two windows find
+                # the same ones (the windows between them are fixed by those two).
+                if e == first_epoch:
+                    a_span = lay.window_rows[found[0] - 1 : found[0] + 1].tolist()
+                if e == last_epoch:
+                    b_span = lay.window_rows[found[1] - 1 : found[1] + 1].tolist()
+            if len(segs) > 1:
+                b_span[1] = min(b_span[1], segs[1].first_row)
+            spans.append((a_span[0], a_span[1], b_span[0], b_span[1]))
+        keys = frozenset(out)
+        self._last = _LastLook(schedule, spans, keys)
+        return keys
 
     def _window(self, d: int, e: int, w: int, lay: order.EpochLayout) -> frozenset[str]:
         known = self._known.get((d, e, w))
@@ -145,3 +170,30 @@ class WindowChunks:
             self._known.clear()
         self._known[(d, e, w)] = (lay, found)
         return found
+
+
+@dataclass(frozen=True)
+class _LastLook:
+    """The keys found for steps whose rows of each dataset d start in rows [a0, a1) and end in
+    rows [b0, b1) (spans[d]; None: no row of d), under one schedule."""
+
+    schedule: object
+    spans: list[tuple[int, int, int, int] | None]
+    keys: frozenset[str]
+
+    def holds(
+        self, schedule: object, lo: list[int], hi: list[int], indexes: Sequence[DatasetUnits]
+    ) -> bool:
+        """Whether steps of these row spans find the same keys: the same windows (their keys
+        are fixed while the schedule is: the layouts of a built index never change)."""
+        if schedule is not self.schedule or len(lo) != len(self.spans):
+            return False
+        for d, span in enumerate(self.spans):
+            if span is None:
+                if lo[d] != hi[d]:
+                    return False
+            elif not (
+                span[0] <= lo[d] < span[1] and span[2] < hi[d] <= span[3] and indexes[d].ready
+            ):
+                return False
+        return True

@@ -33,6 +33,7 @@ class Progress:
         self._swept = time.monotonic()
         self._last: tuple[int, float] | None = None
         self._changed = asyncio.Event()
+        self._wake_at = 0  # the furthest step that wakes a waiter of `reaches`
 
     def note(self, step: int, rank: int, world_size: int, now: float | None = None) -> None:
         """A training request of (rank, world_size) for `step`."""
@@ -63,7 +64,8 @@ class Progress:
             )
         self._last = (step, now)
         self.furthest, self._at_furthest = step, 1
-        self._changed.set()
+        if step >= self._wake_at:
+            self._changed.set()
 
     def _recompute(self, now: float) -> None:
         """Drop expired ranks and find the active ranks' furthest step: O(ranks), only when
@@ -80,7 +82,11 @@ class Progress:
             self._last = None
             self._changed.set()
 
-    async def changed(self) -> None:
+    async def reaches(self, step: int) -> None:
+        """Until the furthest step reaches `step` or moves back (a rollback); maybe sooner.
+        One waiter: a job's prefetch, which waits for the step its next look is due at rather
+        than waking on every step (each wake-up is time of the loop that serves)."""
+        self._wake_at = step
         await self._changed.wait()
         self._changed.clear()
 

@@ -219,6 +219,13 @@ class Schedule:
             (step - plan.phase.start_step) * plan.phase.global_batch_size
         )
 
+    def row_spans(self, first: int, end: int) -> tuple[list[int], list[int]]:
+        """(lo, hi) by dataset: dataset d's rows in the global batches of steps [first, end)
+        are exactly rows lo[d] .. hi[d] - 1 (none where equal), the set `rows_of_steps` gives
+        (a dataset's rows are dealt in order, across phases): two `consumed`, whatever the
+        batch, where prefetch only needs each dataset's first and last row."""
+        return self.consumed(first).tolist(), self.consumed(end).tolist()
+
     def counts(self, step: int) -> npt.NDArray[np.int64]:
         """Rows of each dataset in the whole global batch of `step` (its apportionment)."""
         plan = self.plan_at(step)

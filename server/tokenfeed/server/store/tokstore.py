@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import mmap
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +224,10 @@ class TokenStore:
     def has_body(self, key: str) -> bool:
         return self.cache.contains("chunk", key)
 
+    def has_bodies(self, keys: Iterable[str]) -> bool:
+        """Whether every one of these chunks' bodies is present (one look at the cache)."""
+        return self.cache.contains_all("chunk", keys)
+
     def provenance(self, key: str) -> Provenance:
         """(record index of each document, where the chunk's records start: the byte offset of
         its first record, or a `PartStart` per part of a group): what readers.locate_record
@@ -308,6 +313,9 @@ class TokenStoreView(TokenStore):
     def has_body(self, key: str) -> bool:
         m = self._manifest(key)
         return m is not None and self._body_complete(key, m)
+
+    def has_bodies(self, keys: Iterable[str]) -> bool:
+        return all(self.has_body(key) for key in keys)
 
     def open(self, key: str) -> TokenChunk:
         m = self._manifest(key)
