@@ -166,13 +166,19 @@ def test_a_hung_server_is_left_behind(fleet, prefetch):
 
 @READ_MODES
 def test_closing_the_client_stops_its_streams(fleet, prefetch):
+    def named(name: str) -> int:
+        return sum(t.name == name for t in threading.enumerate())
+
+    # Other tests' streams may still hold theirs: counted before.
+    watchdogs, readers = named("tokenfeed-watchdog"), named("tokenfeed-prefetch")
     c = Client(fleet.target, job="main", prefetch=prefetch)
     stream = c.iter_batches(0, None)
     assert next(stream).step == 0
+    assert named("tokenfeed-watchdog") == watchdogs + 1
     c.close()
-    assert not [t for t in threading.enumerate() if t.name == "tokenfeed-prefetch"]
+    assert named("tokenfeed-prefetch") == readers
     time.sleep(1.0)  # a stream's watchdog checks its stop at least every 0.5 s
-    assert not [t for t in threading.enumerate() if t.name == "tokenfeed-watchdog"]
+    assert named("tokenfeed-watchdog") == watchdogs
     with pytest.raises((StopIteration, ValueError)):
         for _ in range(10):  # what was already queued may still come out, then it ends
             next(stream)
