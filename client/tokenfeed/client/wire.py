@@ -118,7 +118,9 @@ def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> C
     return compact_from_starts(tokens, starts, seq_len + 1 - used)
 
 
-def _header(c: Compact) -> bytes:
+def fingerprint_header(c: Compact) -> bytes:
+    """What a fingerprint hashes first: the same for every batch of one shape, dtype and
+    padding (or none)."""
     return struct.pack(
         "<IqqII",
         WIRE_VERSION,
@@ -129,9 +131,11 @@ def _header(c: Compact) -> bytes:
     )
 
 
-def fingerprint(c: Compact) -> str:
+def fingerprint(c: Compact, header: bytes | None = None) -> str:
+    """`header`: `fingerprint_header(c)`, kept by a caller that fingerprints many batches of
+    one shape (a server's stream)."""
     # `.data`: the contiguous array's own bytes, without a copy.
-    h = xxhash.xxh3_128(_header(c))
+    h = xxhash.xxh3_128(fingerprint_header(c) if header is None else header)
     h.update(np.ascontiguousarray(c.tokens).data)
     h.update(np.ascontiguousarray(c.starts).data)
     h.update(np.ascontiguousarray(c.row_splits).data)
