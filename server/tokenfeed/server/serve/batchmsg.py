@@ -133,7 +133,7 @@ def batch_messages(
     # Steps in one phase share its fields: phases are intervals of steps.
     low, high = min(steps), max(steps)
     one_phase = job.plan_of(low) if job.plans.same_phase(low, high) else None
-    known: dict[tuple, tuple[tuple[bytes, bytes, bytes, bytes], bytes]] = {}
+    known: dict[tuple, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
     out = []
     for step, (epoch, compact) in zip(steps, built, strict=True):
         tokens = np.ascontiguousarray(compact.tokens)
@@ -152,8 +152,16 @@ def batch_messages(
                 *phase,
                 version,
             )
-            found = known[shape] = (_heads.of(key), wire.fingerprint_header(compact))
-        (head, ranks, fields, plan), header = found
+            head, ranks, fields, plan = _heads.of(key)
+            # What the shape decides, joined once: the tokens' length is the shape's.
+            found = known[shape] = (
+                head,
+                ranks + _FINGERPRINT,
+                fields,
+                plan + _TOKENS + _varint(tokens.nbytes),
+                wire.fingerprint_header(compact),
+            )
+        head, ranks, fields, plan, header = found
         starts = np.ascontiguousarray(compact.starts).data.cast("B")
         splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
         padding = b"" if compact.padding is None else compact.padding.tobytes()
@@ -161,14 +169,14 @@ def batch_messages(
         parts: list[bytes | memoryview] = [head]
         if step:
             parts += (_STEP, _varint(step))
-        parts += (ranks, _FINGERPRINT, _varint(len(fingerprint)), fingerprint)
+        parts += (ranks, _varint(len(fingerprint)), fingerprint)
         if epoch:
             parts += (_EPOCH, _varint(epoch))
         parts.append(fields)
         for tag, data in ((_STARTS, starts), (_ROW_SPLITS, splits), (_PADDING, padding)):
             if len(data):
                 parts += (tag, _varint(len(data)), data)
-        parts += (plan, _TOKENS, _varint(tokens.nbytes), tokens.data)
+        parts += (plan, tokens.data)
         payload = tokens.nbytes + len(starts) + len(splits) + len(padding)
         out.append((b"".join(parts), payload))
     return out
