@@ -16,9 +16,12 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 def _job(name="job-a", fingerprint="f" * 32, phases=((0, "p0"),), version=3):
     def plan_of(step: int) -> tuple[int, str]:
-        return [p for p in phases if p[0] <= step][-1]
+        return phases[phase_at(step)]
 
-    plans = SimpleNamespace(version=version)
+    def phase_at(step: int) -> int:
+        return max(k for k, p in enumerate(phases) if p[0] <= step)
+
+    plans = SimpleNamespace(version=version, same_phase=lambda a, b: phase_at(a) == phase_at(b))
     return SimpleNamespace(name=name, fingerprint=fingerprint, plan_of=plan_of, plans=plans)
 
 
@@ -88,3 +91,26 @@ def test_tokens_of_a_dtype_the_wire_cannot_carry_are_refused():
     bad = wire.Compact(c.tokens.astype(np.float32), c.starts, c.row_splits, None)
     with pytest.raises(wire.WireError, match="no wire encoding"):
         batchmsg.batch_message(_job(), 1, 0, 1, 0, bad)
+
+
+@pytest.mark.parametrize("first", [0, 125, 16_380, 2**21 - 3])
+def test_a_groups_messages_are_each_batchs_own_across_phases_shapes_and_varint_sizes(first):
+    """One call for a group (as a stream makes them): the job's fields read once, a phase's
+    and a shape's looked up once, steps and lengths around a varint's size changes."""
+    job = _job("g", phases=((0, "first"), (first + 3, "second")))
+    steps = list(range(first, first + 8))
+    built = [(s % 3 - 1, _compact(2, 64, np.uint16, s % 2 == 0, seed=s)) for s in steps[:-2]]
+    built.append((1, _compact(2, 64, np.int32, False, seed=1)))  # another dtype
+    built.append((1, _compact(3, 32, np.uint16, False, seed=2)))  # another shape
+    got = batchmsg.batch_messages(job, steps, 2, 4, built)
+    for step, (epoch, c), (message, payload) in zip(steps, built, got, strict=True):
+        assert message == _protobuf(job, step, 2, 4, epoch, c)
+        assert (message, payload) == batchmsg.batch_message(job, step, 2, 4, epoch, c)
+    one = batchmsg.batch_messages(job, steps[:3], 2, 4, built[:3])  # all in the first phase
+    assert [m for m, _ in one] == [m for m, _ in got[:3]]
+
+
+def test_varints_are_protobufs():
+    assert batchmsg._varint(0) == b"\x00"
+    for n in [*range(1, 300), 16_383, 16_384, 2**21 - 1, 2**21, 2**63 - 1, -1, -(2**63)]:
+        assert batchmsg._varint(n) == pb.Batch(epoch=n).SerializeToString()[1:]

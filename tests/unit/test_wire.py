@@ -21,6 +21,7 @@ from tokenfeed.client.torch import expand as torch_expand
 from tokenfeed.client.wire import (
     TENSOR_NAMES,
     WIRE_VERSION,
+    Compact,
     WireError,
     compact_from_flat_starts,
     compact_from_starts,
@@ -29,6 +30,8 @@ from tokenfeed.client.wire import (
     encode,
     expand,
     fingerprint,
+    slice_rows,
+    split_rows,
     token_dtype,
 )
 from tokenfeed.server.pack import bestfit, packing
@@ -229,3 +232,35 @@ def test_token_dtype_is_the_narrowest_that_holds_the_vocabulary():
 
 def test_the_server_packers_name_the_same_tensors():
     assert packing.TENSOR_NAMES == TENSOR_NAMES == bestfit.BESTFIT_TENSOR_NAMES
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.integers(0, 3),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_split_rows_is_slice_rows_of_each_batch(per, steps, extra, padded, seed):
+    rng = np.random.default_rng(seed)
+    rows, seq_len = per * steps + extra, 16
+    tokens = rng.integers(0, 60_000, (rows, seq_len + 1)).astype(np.uint16)
+    counts = rng.integers(0, 4, rows)
+    splits = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    starts = rng.integers(1, seq_len, int(splits[-1])).astype(np.uint16)
+    padding = (rng.integers(0, 2, rows) * rng.integers(0, 3, rows)).astype(np.uint16)
+    c = Compact(tokens, starts, splits, padding if padded else None)
+    for i, got in enumerate(split_rows(c, per, steps)):
+        want = slice_rows(c, i * per, (i + 1) * per)
+        assert fingerprint(got) == fingerprint(want)
+        pairs = zip(
+            (got.tokens, got.starts, got.row_splits),
+            (want.tokens, want.starts, want.row_splits),
+            strict=True,
+        )
+        for a, b in pairs:
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        assert (got.padding is None) == (want.padding is None)
+        if got.padding is not None:
+            assert np.array_equal(got.padding, want.padding)

@@ -101,6 +101,29 @@ def slice_rows(c: Compact, lo: int, hi: int) -> Compact:
     return Compact(c.tokens[lo:hi], c.starts[a:b], c.row_splits[lo : hi + 1] - a, padding)
 
 
+def split_rows(c: Compact, per: int, steps: int) -> list[Compact]:
+    """`slice_rows` of rows [i * per, (i + 1) * per) for each of `steps` batches (a server's
+    group of steps cut into their batches): the row splits of them all cut in one pass, not
+    one subtraction a batch."""
+    n = steps * per
+    if n > c.rows or per < 1:
+        raise ValueError(f"{steps} batches of {per} rows are not in {c.rows} rows")
+    bounds = c.row_splits[: n + 1 : per]
+    splits = np.empty((steps, per + 1), dtype=c.row_splits.dtype)
+    splits[:, :per] = c.row_splits[:n].reshape(steps, per) - bounds[:-1, None]
+    splits[:, per] = bounds[1:] - bounds[:-1]
+    padding: list[np.ndarray | None] = [None] * steps
+    if c.padding is not None:
+        pads = c.padding[:n].reshape(steps, per)
+        used: list[bool] = np.any(pads, axis=1).tolist()
+        padding = [p if u else None for p, u in zip(pads, used, strict=True)]
+    at = bounds.tolist()
+    return [
+        Compact(c.tokens[i * per : (i + 1) * per], c.starts[at[i] : at[i + 1]], splits[i], pad)
+        for i, pad in enumerate(padding)
+    ]
+
+
 def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> Compact:
     """From the five int32 tensors (the inverse of `expand`): tokens are the inputs plus the
     last label, starts are where `position_ids` is 0 among the row's tokens, padding is what
@@ -118,7 +141,9 @@ def compact_from_tensors(arrays: Mapping[str, np.ndarray], dtype: np.dtype) -> C
     return compact_from_starts(tokens, starts, seq_len + 1 - used)
 
 
-def _header(c: Compact) -> bytes:
+def fingerprint_header(c: Compact) -> bytes:
+    """What a fingerprint hashes first: the same for every batch of one shape, dtype and
+    padding (or none)."""
     return struct.pack(
         "<IqqII",
         WIRE_VERSION,
@@ -129,9 +154,11 @@ def _header(c: Compact) -> bytes:
     )
 
 
-def fingerprint(c: Compact) -> str:
+def fingerprint(c: Compact, header: bytes | None = None) -> str:
+    """`header`: `fingerprint_header(c)`, kept by a caller that fingerprints many batches of
+    one shape (a server's stream)."""
     # `.data`: the contiguous array's own bytes, without a copy.
-    h = xxhash.xxh3_128(_header(c))
+    h = xxhash.xxh3_128(fingerprint_header(c) if header is None else header)
     h.update(np.ascontiguousarray(c.tokens).data)
     h.update(np.ascontiguousarray(c.starts).data)
     h.update(np.ascontiguousarray(c.row_splits).data)

@@ -146,11 +146,12 @@ class Assembler:
             hit = np.nonzero(part.slots == 0)[0]
             if hit.size:
                 first_epoch = int(part.epochs[hit[0]])
+        return first_epoch, self._compact(plan)
+
+    def _compact(self, plan: RowPlan) -> wire.Compact:
         kinds = {p.packing for p in plan.parts}
         if kinds == {"best_fit"}:
-            return first_epoch, wire.compact_from_tensors(
-                self._assemble_bestfit(plan), self.wire_dtype
-            )
+            return wire.compact_from_tensors(self._assemble_bestfit(plan), self.wire_dtype)
         if kinds == {"concat"}:
             ids, starts, splits = packing.assemble_rows(
                 plan.rows,
@@ -160,9 +161,9 @@ class Assembler:
                 self.wire_dtype,
             )
             pdtype = wire.position_dtype(plan.seq_len)
-            return first_epoch, wire.Compact(ids, starts.astype(pdtype), splits, None)
+            return wire.Compact(ids, starts.astype(pdtype), splits, None)
         # A phase that changed the packing: padded carry rows beside concat or best_fit rows.
-        return first_epoch, wire.compact_from_tensors(self._assemble_mixed(plan), self.wire_dtype)
+        return wire.compact_from_tensors(self._assemble_mixed(plan), self.wire_dtype)
 
     def _assemble_mixed(self, plan: RowPlan) -> dict[str, np.ndarray]:
         L, eos = plan.seq_len, self.loaded_tokenizer.eos_id
@@ -195,18 +196,15 @@ class Assembler:
     def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
         one pass, then cut into the steps' batches, each with the epoch of its first row."""
-        epoch, whole = self.assemble(plan)
         if steps == 1:
-            return [(epoch, whole)]
+            return [self.assemble(plan)]
+        whole = self._compact(plan)
         per_step = plan.rows // steps
         epochs = np.zeros(steps, dtype=np.int64)
         for part in plan.parts:
             first = part.slots % per_step == 0
             epochs[part.slots[first] // per_step] = part.epochs[first]
-        return [
-            (int(epochs[i]), wire.slice_rows(whole, i * per_step, (i + 1) * per_step))
-            for i in range(steps)
-        ]
+        return list(zip(epochs.tolist(), wire.split_rows(whole, per_step, steps), strict=True))
 
     def _assemble_bestfit(self, plan: RowPlan) -> dict[str, np.ndarray]:
         out = {

@@ -3,6 +3,7 @@ the token array appended to the other fields as field 13, copied once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +26,8 @@ def _varint(n: int) -> bytes:
     """A protobuf varint (a negative int64 as its 10-byte two's complement, as protobuf does)."""
     if 0 <= n < 128:
         return _SMALL[n]
+    if 0 < n < 1 << 14:  # a step, a payload's length: two bytes, without the loop
+        return bytes((n & 0x7F | 0x80, n >> 7))
     if n < 0:
         n += 1 << 64
     out = bytearray()
@@ -103,48 +106,77 @@ def _pieces(
 _heads = _Heads()
 
 
-def _varint_field(tag: bytes, n: int) -> bytes:
-    return tag + _varint(n) if n else b""
-
-
 def batch_message(
     job: Job, step: int, rank: int, world_size: int, epoch: int, compact: wire.Compact
 ) -> tuple[bytes, int]:
-    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays. The fields that
-    stay the same along a stream are serialized once (`_Heads`); the token array is appended
-    as field 13 (a message's fields may come in any order), so its bytes are copied once,
-    straight from the assembled array (bench/, wire)."""
-    tokens = np.ascontiguousarray(compact.tokens)
-    phase_start, plan_fingerprint = job.plan_of(step)
-    key = (
-        job.name,
-        rank,
-        world_size,
-        job.fingerprint,
-        compact.rows,
-        compact.seq_len,
-        wire.token_code(tokens.dtype),
-        phase_start,
-        plan_fingerprint,
-        job.plans.version,
-    )
-    head, ranks, shape, plan = _heads.of(key)
-    starts = np.ascontiguousarray(compact.starts).data.cast("B")
-    splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
-    padding = b"" if compact.padding is None else compact.padding.tobytes()
-    fingerprint = wire.fingerprint(compact).encode()
-    parts: list[bytes | memoryview] = [
-        head,
-        _varint_field(_STEP, step),
-        ranks,
-        _FINGERPRINT,
-        _varint(len(fingerprint)),
-        fingerprint,
-        _varint_field(_EPOCH, epoch),
-        shape,
-    ]
-    for tag, data in ((_STARTS, starts), (_ROW_SPLITS, splits), (_PADDING, padding)):
-        if len(data):
-            parts += (tag, _varint(len(data)), data)
-    parts += (plan, _TOKENS, _varint(tokens.nbytes), tokens.data)
-    return b"".join(parts), tokens.nbytes + len(starts) + len(splits) + len(padding)
+    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays (`batch_messages`
+    of one batch)."""
+    return batch_messages(job, [step], rank, world_size, [(epoch, compact)])[0]
+
+
+def batch_messages(
+    job: Job,
+    steps: Sequence[int],
+    rank: int,
+    world_size: int,
+    built: Sequence[tuple[int, wire.Compact]],
+) -> list[tuple[bytes, int]]:
+    """Each step's serialized tokenfeed.v1.Batch from its (epoch, compact batch), and the bytes
+    of its compact arrays. The fields that stay the same along a stream are serialized once
+    (`_Heads`); the token array is appended as field 13 (a message's fields may come in any
+    order), so its bytes are copied once, straight from the assembled array (bench/, wire).
+
+    The job's fields are read once for all the batches: they are made in one stretch of the
+    event loop, which nothing changes in between. A stream's batches of one shape and phase
+    (a group's) look their fields and fingerprint header up once, not once a batch."""
+    name, job_fingerprint, version = job.name, job.fingerprint, job.plans.version
+    # Steps in one phase share its fields: phases are intervals of steps.
+    low, high = min(steps), max(steps)
+    one_phase = job.plan_of(low) if job.plans.same_phase(low, high) else None
+    known: dict[tuple, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
+    out = []
+    for step, (epoch, compact) in zip(steps, built, strict=True):
+        tokens = np.ascontiguousarray(compact.tokens)
+        phase = one_phase or job.plan_of(step)
+        shape = (tokens.shape, tokens.dtype, compact.padding is None, phase)
+        found = known.get(shape)
+        if found is None:
+            key = (
+                name,
+                rank,
+                world_size,
+                job_fingerprint,
+                compact.rows,
+                compact.seq_len,
+                wire.token_code(tokens.dtype),
+                *phase,
+                version,
+            )
+            head, ranks, fields, plan = _heads.of(key)
+            # What the shape decides, joined once: the tokens' length is the shape's.
+            found = known[shape] = (
+                head,
+                ranks + _FINGERPRINT,
+                fields,
+                plan + _TOKENS + _varint(tokens.nbytes),
+                wire.fingerprint_header(compact),
+            )
+        head, ranks, fields, plan, header = found
+        starts = np.ascontiguousarray(compact.starts).data.cast("B")
+        splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
+        padding = b"" if compact.padding is None else compact.padding.tobytes()
+        fingerprint = wire.fingerprint(compact, header).encode()
+        parts: list[bytes | memoryview] = [head]
+        if step:
+            parts += (_STEP, _varint(step))
+        parts += (ranks, _varint(len(fingerprint)), fingerprint)
+        if epoch:
+            parts += (_EPOCH, _varint(epoch))
+        parts.append(fields)
+        for tag, data in ((_STARTS, starts), (_ROW_SPLITS, splits), (_PADDING, padding)):
+            if len(data):
+                parts += (tag, _varint(len(data)), data)
+        parts += (plan, tokens.data)
+        payload = tokens.nbytes + len(starts) + len(splits) + len(padding)
+        out.append((b"".join(parts), payload))
+    return out

@@ -14,7 +14,7 @@ from typing import Any
 from tokenfeed.client import wire
 from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.sampling.planner import RowPlan
-from tokenfeed.server.serve.batchmsg import batch_message
+from tokenfeed.server.serve.batchmsg import batch_messages
 from tokenfeed.server.telemetry import metrics
 
 # Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls, pins,
@@ -122,12 +122,11 @@ class BatchMaker:
         its latest step; a worker's notes to its supervisor keep only that one too)."""
         job.note_request(steps[-1], rank, world_size)
         built = await self.built(job, plan, len(steps))
-        out, tokens, sent = [], 0, 0
-        for step, (epoch, compact) in zip(steps, built, strict=True):
-            message, payload = batch_message(job, step, rank, world_size, epoch, compact)
+        out, sent = [], 0
+        for message, payload in batch_messages(job, steps, rank, world_size, built):
             out.append(message)
-            tokens += compact.rows * compact.seq_len
             sent += payload
+        tokens = sum(compact.rows * compact.seq_len for _, compact in built)
         job.note_served(tokens)
         served_tokens, served_bytes = self.served_metrics(job.name)
         served_tokens.inc(tokens)
