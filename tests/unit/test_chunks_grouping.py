@@ -449,7 +449,10 @@ def test_parts_in_object_storage_are_read_several_at_once(tmp_path):
     got = read_documents(store, chunk)
     took = time.monotonic() - started
     assert got.texts == [f"document {i}" for i in range(40)]  # in part order all the same
-    assert store.most > 1 and took < 40 * 0.05 / 3
+    # Several round trips at once, never more than the store allows; in well under the time of
+    # 40 one after another (2 s; a loaded CI machine took 0.95 s where a bound of 0.67 s failed).
+    assert 4 <= store.most <= store.parallel_reads
+    assert took < 40 * 0.05 * 0.75
 
 
 def test_every_part_is_pinned_a_changed_part_fails_the_read_naming_it(gz_corpus):
