@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from support import built_job, job_spec
-from tokenfeed.server.pack import packing
+from tokenfeed.server.pack import rowlayout
 
 
 def _job(cache, corpus):
@@ -20,16 +20,16 @@ def _job(cache, corpus):
 
 
 def _counting(monkeypatch) -> list[int]:
-    """Calls of packing.row_buffer (one per buffer laid out), slowed so threads overlap."""
+    """Calls of rowlayout.row_buffer (one per buffer laid out), slowed so threads overlap."""
     made: list[int] = []
-    real = packing.row_buffer
+    real = rowlayout.row_buffer
 
     def slow(*args, **kwargs):
         made.append(1)
         threading.Event().wait(0.05)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(packing, "row_buffer", slow)
+    monkeypatch.setattr(rowlayout, "row_buffer", slow)
     return made
 
 

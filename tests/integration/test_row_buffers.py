@@ -13,7 +13,7 @@ import pytest
 from support import built_job, job_spec
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import RequestError
-from tokenfeed.server.pack import packing
+from tokenfeed.server.pack import rowlayout
 
 
 def _job(cache, corpus, packing_: str = "concat"):
@@ -87,7 +87,7 @@ def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks
     bare = _job(tmp_path / "bare", corpus)
     bare.assembler.buffers = LRU(4096, 1)  # only the newest buffer is kept: tails are copied
     calls = {"cut": 0, "copied": 0}
-    cut, stream_slice = packing.RowBuffer.cut, packing.stream_slice
+    cut, stream_slice = rowlayout.RowBuffer.cut, rowlayout.stream_slice
 
     def counted_cut(self, lo, hi):
         calls["cut"] += 1
@@ -97,8 +97,8 @@ def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks
         calls["copied"] += 1
         return stream_slice(*args, **kwargs)
 
-    monkeypatch.setattr(packing.RowBuffer, "cut", counted_cut)
-    monkeypatch.setattr(packing, "stream_slice", counted_slice)
+    monkeypatch.setattr(rowlayout.RowBuffer, "cut", counted_cut)
+    monkeypatch.setattr(rowlayout, "stream_slice", counted_slice)
     spe = kept.steps_per_epoch
     steps = range(spe + 2)  # an epoch and the rows reading on into the next
     _all(kept, [(s, 0, 1) for s in steps])  # lays out every buffer of the kept job

@@ -1,4 +1,4 @@
-"""packing.assemble_rows against a row-by-row reference: rows cut from several row buffers
+"""rowlayout.assemble_rows against a row-by-row reference: rows cut from several row buffers
 (several parts, datasets and epochs, shuffled places, repeated rows, buffers without starts),
 each row a slice of its buffer and its starts those strictly inside its inputs; and a batch with
 a place left out, filled twice, or a row past its buffer's end, refused."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.pack import packing
+from tokenfeed.server.pack import rowlayout
 from tokenfeed.server.sampling.order import RowStarts
 
 
@@ -31,7 +31,7 @@ def reference(rows, seq_len, parts, buffer, dtype):
 def batches(draw):
     seq_len = draw(st.integers(1, 40))
     span = seq_len + 1
-    store: dict[tuple, packing.RowBuffer] = {}
+    store: dict[tuple, rowlayout.RowBuffer] = {}
     parts, rows = [], 0
     for dataset in range(draw(st.integers(1, 3))):
         keys = draw(
@@ -46,7 +46,7 @@ def batches(draw):
             n = draw(st.integers(span, span + 120))
             ids = np.arange(n, dtype=np.int32) + 1000 * len(store)
             found = draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True))
-            store[(dataset, e, c, p)] = packing.RowBuffer(ids, np.array(sorted(found), np.int64))
+            store[(dataset, e, c, p)] = rowlayout.RowBuffer(ids, np.array(sorted(found), np.int64))
         k = draw(st.integers(0, 12))
         picks = draw(st.lists(st.sampled_from(keys), min_size=k, max_size=k))
         lo = [draw(st.integers(0, len(store[(dataset, *key)].ids) - span)) for key in picks]
@@ -71,14 +71,14 @@ def test_rows_equal_the_row_by_row_reference(batch, dtype):
     if batch is None:
         return
     rows, seq_len, parts, store = batch
-    store = {k: packing.RowBuffer(b.ids.astype(dtype), b.starts) for k, b in store.items()}
+    store = {k: rowlayout.RowBuffer(b.ids.astype(dtype), b.starts) for k, b in store.items()}
     calls: list[tuple] = []
 
     def buffer(dataset, e, c, p):
         calls.append((dataset, e, c, p))
         return store[(dataset, e, c, p)]
 
-    got = packing.assemble_rows(rows, seq_len, parts, buffer, dtype)
+    got = rowlayout.assemble_rows(rows, seq_len, parts, buffer, dtype)
     want = reference(rows, seq_len, parts, lambda *k: store[k], dtype)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and np.array_equal(g, w)
@@ -87,11 +87,11 @@ def test_rows_equal_the_row_by_row_reference(batch, dtype):
 
 
 def _one(lo, slots, n=50, seq_len=8):
-    buf = packing.RowBuffer(np.arange(n, dtype=np.int32), np.array([0, 5, 20], np.int64))
+    buf = rowlayout.RowBuffer(np.arange(n, dtype=np.int32), np.array([0, 5, 20], np.int64))
     lo = np.asarray(lo, dtype=np.int64)
     zeros = np.zeros_like(lo)
     starts = RowStarts(zeros, zeros, zeros, lo)
-    return lambda rows: packing.assemble_rows(
+    return lambda rows: rowlayout.assemble_rows(
         rows, seq_len, [(0, np.asarray(slots), starts)], lambda *k: buf, np.int32
     )
 

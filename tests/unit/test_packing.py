@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenfeed.server.pack import packing, rowlayout
 from tokenfeed.server.pack.packing import TENSOR_NAMES, concat_rows_at, concat_stream, concat_units
 
 BOS, EOS = 1, 2
@@ -181,7 +182,6 @@ def test_concat_contract(data, lengths, seq_len, add_bos):
 def test_a_stream_laid_out_by_slices_equals_the_gather(lengths, add_bos, seed):
     # lay_out copies a document at a time where documents are long enough on average and
     # gathers token by token (fill_concat) otherwise: both must give the same ids and starts.
-    from tokenfeed.server.pack import packing
 
     tokens, offsets, lens = make_chunk(lengths, dtype=np.uint16)
     doc_order = np.random.default_rng(seed).permutation(len(lengths))
@@ -192,26 +192,26 @@ def test_a_stream_laid_out_by_slices_equals_the_gather(lengths, add_bos, seed):
         stream, tokens, 0 * one, stream.total * one, 0 * one, BOS, EOS, want
     )
     for mean in (0, 10**9):  # every chunk by slices, then every chunk by the gather
-        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        rowlayout.SLICE_MEAN_TOKENS, was = mean, rowlayout.SLICE_MEAN_TOKENS
         try:
             got = np.full(stream.total, 7777, dtype=np.uint16)
-            starts = packing.lay_out(stream, tokens, got, BOS, EOS)
+            starts = rowlayout.lay_out(stream, tokens, got, BOS, EOS)
         finally:
-            packing.SLICE_MEAN_TOKENS = was
+            rowlayout.SLICE_MEAN_TOKENS = was
         assert np.array_equal(got, want)
         assert np.array_equal(starts, want_starts)
     # A row buffer (the stream, then tail pieces) joined from slices or laid out by the gather.
     tail = [
-        packing.RowBuffer(np.arange(5, dtype=np.uint16) + 500, np.array([0, 3], dtype=np.int64)),
-        packing.RowBuffer(np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)),
+        rowlayout.RowBuffer(np.arange(5, dtype=np.uint16) + 500, np.array([0, 3], dtype=np.int64)),
+        rowlayout.RowBuffer(np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.int64)),
     ]
     buffers = []
     for mean in (0, 10**9):
-        packing.SLICE_MEAN_TOKENS, was = mean, packing.SLICE_MEAN_TOKENS
+        rowlayout.SLICE_MEAN_TOKENS, was = mean, rowlayout.SLICE_MEAN_TOKENS
         try:
-            buffers.append(packing.row_buffer(stream, tokens, tail, BOS, EOS, np.uint16))
+            buffers.append(rowlayout.row_buffer(stream, tokens, tail, BOS, EOS, np.uint16))
         finally:
-            packing.SLICE_MEAN_TOKENS = was
+            rowlayout.SLICE_MEAN_TOKENS = was
     joined, gathered = buffers
     assert np.array_equal(joined.ids, gathered.ids)
     assert np.array_equal(joined.ids[: stream.total], want)

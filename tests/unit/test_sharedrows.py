@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 from tokenfeed.server.pack import sharedrows
-from tokenfeed.server.pack.packing import RowBuffer
+from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.pack.sharedrows import SharedRows
 
 I32 = np.dtype(np.int32)

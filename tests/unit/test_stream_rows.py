@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenfeed.server.pack import packing
+from tokenfeed.server.pack import packing, rowlayout
 from tokenfeed.server.sampling import order
 
 BOS, EOS = 1, 2
@@ -65,7 +65,7 @@ class Corpus:
             sel = epochs == e
             natural[sel] = order.natural_rows(self.layout(int(e)), served[sel])
         starts = order.locate_starts(natural * self.seq_len, self.total, self.layout)
-        ids, cols, splits = packing.assemble_rows(
+        ids, cols, splits = rowlayout.assemble_rows(
             len(served),
             self.seq_len,
             [(0, np.arange(len(served)), starts)],
@@ -75,7 +75,7 @@ class Corpus:
         mask[np.repeat(np.arange(len(served)), np.diff(splits)), cols] = True
         return packing.concat_tensors(ids, mask, self.seq_len)
 
-    def buffer(self, _dataset, epoch: int, c: int, position: int) -> packing.RowBuffer:
+    def buffer(self, _dataset, epoch: int, c: int, position: int) -> rowlayout.RowBuffer:
         """Chunk c's row buffer: its stream, then the tail its last row reads past its end,
         copied piece by piece from the chunks after it (or cut from their row buffers)."""
         assert self.layout(epoch).chunk_order[position] == c
@@ -85,14 +85,16 @@ class Corpus:
         pieces = []
         cols = (tail.epoch, tail.chunk, tail.lo, tail.hi)
         for e, k, lo, hi in zip(*(a.tolist() for a in cols), strict=True):
-            whole = packing.stream_slice(
+            whole = rowlayout.stream_slice(
                 self.stream(0, e, k), self.chunks[k][0], 0, self.stream(0, e, k).total, BOS, EOS
             )
-            direct = packing.stream_slice(self.stream(0, e, k), self.chunks[k][0], lo, hi, BOS, EOS)
+            direct = rowlayout.stream_slice(
+                self.stream(0, e, k), self.chunks[k][0], lo, hi, BOS, EOS
+            )
             cut = whole.cut(lo, hi)
             assert np.array_equal(cut.ids, direct.ids) and np.array_equal(cut.starts, direct.starts)
             pieces.append(cut if (e + k) % 2 else direct)
-        return packing.row_buffer(
+        return rowlayout.row_buffer(
             self.stream(0, epoch, c), self.chunks[c][0], pieces, BOS, EOS, np.int32
         )
 

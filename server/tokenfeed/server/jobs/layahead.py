@@ -2,7 +2,7 @@
 
 Rows are shuffled within a window of chunks, so a stream entering a window reads from most of
 its chunks within a few steps, and each of their row buffers (the chunk's documents in the
-epoch's order, packing.row_buffer) must be laid out first: an epoch's first read of a chunk.
+epoch's order, rowlayout.row_buffer) must be laid out first: an epoch's first read of a chunk.
 Streams lay out what their next steps read themselves, just before they read it; this lays out
 every buffer of the window the job's furthest request is in, and of the next few windows, once
 per window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out in

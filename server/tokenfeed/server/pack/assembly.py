@@ -17,7 +17,7 @@ import numpy as np
 from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import BadRecordError, JobFailedError, SourceError
-from tokenfeed.server.pack import bestfit, packing
+from tokenfeed.server.pack import bestfit, packing, rowlayout
 from tokenfeed.server.pack.opened import DatasetChunks, OpenedChunks
 from tokenfeed.server.pack.rowbuffers import BUFFERS_MAX, RowBuffers, _dataset, _segment
 from tokenfeed.server.pack.sharedrows import SharedRows
@@ -67,12 +67,12 @@ class Assembler:
         self.forget_gone, self.row_buffer = self.opened.forget_gone, self.rows.row_buffer
 
     @property
-    def buffers(self) -> LRU[tuple[Any, int, int], packing.RowBuffer]:
+    def buffers(self) -> LRU[tuple[Any, int, int], rowlayout.RowBuffer]:
         """The row buffers kept (rowbuffers.py)."""
         return self.rows.buffers
 
     @buffers.setter
-    def buffers(self, lru: LRU[tuple[Any, int, int], packing.RowBuffer]) -> None:
+    def buffers(self, lru: LRU[tuple[Any, int, int], rowlayout.RowBuffer]) -> None:
         self.rows.buffers = lru
 
     @property
@@ -153,7 +153,7 @@ class Assembler:
         if kinds == {"best_fit"}:
             return wire.compact_from_tensors(self._assemble_bestfit(plan), self.wire_dtype)
         if kinds == {"concat"}:
-            ids, starts, splits = packing.assemble_rows(
+            ids, starts, splits = rowlayout.assemble_rows(
                 plan.rows,
                 plan.seq_len,
                 [(p.key, p.slots, p.starts) for p in plan.parts],
@@ -176,7 +176,7 @@ class Assembler:
                 continue
             n = len(part.slots)
             if part.packing == "concat":
-                ids, starts, splits = packing.assemble_rows(
+                ids, starts, splits = rowlayout.assemble_rows(
                     n, L, [(part.key, np.arange(n), part.starts)], self.row_buffer, np.int32
                 )
                 mask = np.zeros(ids.shape, dtype=bool)
@@ -188,7 +188,7 @@ class Assembler:
                     self.row_buffer(part.key, int(e), int(c), int(q))
                     for e, c, q in zip(s.epoch, s.chunk, s.position, strict=True)
                 ]
-                rows = packing.padded_rows(buffers, s.lo, L, eos)
+                rows = rowlayout.padded_rows(buffers, s.lo, L, eos)
             for name, arr in rows.items():
                 out[name][part.slots] = arr
         return out

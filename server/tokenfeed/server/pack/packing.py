@@ -6,7 +6,7 @@ epochs one after another, make one endless stream per dataset. Row r is the stre
 stream[r*L : r*L + L + 1]: inputs are its first L tokens, labels its last L. Rows overlap by
 one token, so every token of the stream is an input of exactly one row: nothing is dropped at
 the end of a chunk, a window or an epoch; a row there simply reads on into what comes next
-(a chunk's row buffer holds those units after its own: `row_buffer`).
+(a chunk's row buffer holds those units after its own: `rowlayout.row_buffer`).
 
 Per row we also emit position ids (0 at the row start and at every document start) and segment
 ids (1 for the first document piece in the row, 2 for the next, ...).
@@ -14,14 +14,11 @@ ids (1 for the first document piece in the row, 2 for the next, ...).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from tokenfeed.server.sampling.order import RowStarts
 
 Int64s = npt.NDArray[np.int64]
 
@@ -148,227 +145,6 @@ def concat_tensors(ids: np.ndarray, starts: np.ndarray, seq_len: int) -> dict[st
         "segment_ids": np.cumsum(st, axis=1, dtype=np.int32),
         "loss_mask": np.ones((len(ids), seq_len), dtype=np.int32),  # concat has no padding
     }
-
-
-def padded_rows(
-    buffers: Sequence[RowBuffer], los: np.ndarray, seq_len: int, pad_id: int
-) -> dict[str, np.ndarray]:
-    """The int32 tensors of rows cut from laid-out runs of a stream that end where the run does
-    (a best_fit segment's carry rows: sampling/segments.py): row i is positions [los[i],
-    los[i] + seq_len + 1) of buffers[i], or fewer, the rest of the row padding (`pad_id`,
-    position and segment 0, no loss), as best_fit pads."""
-    k, span = len(buffers), seq_len + 1
-    ids = np.full((k, span), pad_id, dtype=np.int32)
-    mask = np.zeros((k, span), dtype=bool)
-    used = np.empty(k, dtype=np.int64)
-    for i, (buf, lo) in enumerate(zip(buffers, np.asarray(los).tolist(), strict=True)):
-        piece = buf.cut(lo, min(lo + span, len(buf.ids)))
-        n = len(piece.ids)
-        ids[i, :n] = piece.ids
-        mask[i, piece.starts] = True
-        used[i] = n
-    out = concat_tensors(ids, mask, seq_len)
-    col = np.arange(seq_len)
-    pad = col[None, :] >= used[:, None]
-    out["loss_mask"] = (col[None, :] + 1 < used[:, None]).astype(np.int32)
-    out["position_ids"] = np.where(pad, 0, out["position_ids"]).astype(np.int32)
-    out["segment_ids"] = np.where(pad, 0, out["segment_ids"]).astype(np.int32)
-    return out
-
-
-@dataclass(frozen=True)
-class RowBuffer:
-    """Stream positions laid out as token ids (in the wire's dtype), with the sorted positions
-    in them where a document's segment starts. A chunk's row buffer is its whole concat stream
-    in one epoch followed by its tail (the units its last row reads past the chunk's end,
-    order.chunk_tail): every row starting in the chunk is then one slice of it."""
-
-    ids: np.ndarray
-    starts: Int64s
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.ids.nbytes + self.starts.nbytes)
-
-    def cut(self, lo: int, hi: int) -> RowBuffer:
-        """Positions [lo, hi) of this buffer (views)."""
-        a, b = np.searchsorted(self.starts, [lo, hi], side="left").tolist()
-        return RowBuffer(self.ids[lo:hi], self.starts[a:b] - lo)
-
-
-def stream_slice(
-    stream: ChunkStream,
-    tokens: np.ndarray,
-    lo: int,
-    hi: int,
-    bos_id: int,
-    eos_id: int,
-    dtype: np.dtype | type = np.int32,
-) -> RowBuffer:
-    """Stream positions [lo, hi) of one chunk, laid out."""
-    ids = np.empty(hi - lo, dtype=dtype)
-    one = partial(np.full, 1, dtype=np.int64)
-    starts = fill_concat(stream, tokens, one(lo), one(hi), one(0), bos_id, eos_id, ids)
-    return RowBuffer(ids, starts)
-
-
-# A chunk's stream is laid out a document at a time (one slice copy each) when its documents
-# average at least this many tokens: a Python step per document then costs less than
-# fill_concat's per-token index arithmetic (about 6 ns a token; bench/, wire section), which
-# stays the way for chunks of tiny documents.
-SLICE_MEAN_TOKENS = 64
-
-
-def lay_out(
-    stream: ChunkStream, tokens: np.ndarray, ids: np.ndarray, bos_id: int, eos_id: int
-) -> Int64s:
-    """The whole stream into ids[:stream.total]; the positions where its segments start."""
-    seg_starts = stream.seg_starts
-    n, total = len(stream.doc_starts), stream.total
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    if not tokens.size or total < SLICE_MEAN_TOKENS * n:
-        one = partial(np.full, 1, dtype=np.int64)
-        return fill_concat(stream, tokens, one(0), one(total), one(0), bos_id, eos_id, ids)
-    body = seg_starts[:-1] + stream.bos  # each document's tokens go to [body, its EOS)
-    eos = seg_starts[1:] - 1
-    for src, a, b in zip(stream.doc_starts.tolist(), body.tolist(), eos.tolist(), strict=True):
-        ids[a:b] = tokens[src : src + b - a]
-    ids[eos] = eos_id
-    if stream.bos:
-        ids[seg_starts[:-1]] = bos_id
-    return seg_starts[:-1].copy()
-
-
-def row_buffer(
-    stream: ChunkStream,
-    tokens: np.ndarray,
-    tail: Sequence[RowBuffer],
-    bos_id: int,
-    eos_id: int,
-    dtype: np.dtype | type = np.int32,
-) -> RowBuffer:
-    """A chunk's row buffer: its whole stream laid out (its documents in the stream's order,
-    with BOS and EOS), then the pieces of its tail, in order."""
-    dtype = np.dtype(dtype)
-    total = stream.total
-    found = [stream.seg_starts[:-1].copy()]
-    n = len(stream.doc_starts)
-    if n and tokens.size and tokens.dtype == dtype and total >= SLICE_MEAN_TOKENS * n:
-        ids = _joined(stream, tokens, tail, bos_id, eos_id)
-    else:
-        ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
-        found = [lay_out(stream, tokens, ids, bos_id, eos_id)]
-        at = total
-        for t in tail:
-            ids[at : at + len(t.ids)] = t.ids
-            at += len(t.ids)
-    at = total
-    for t in tail:
-        found.append(t.starts + at)
-        at += len(t.ids)
-    return RowBuffer(ids, np.concatenate(found))
-
-
-def _joined(
-    stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
-) -> np.ndarray:
-    """The stream and its tail as one read-only array: every document's tokens (a slice of the
-    chunk's, in the wire's dtype already), BOS and EOS, and the tail pieces, joined by one
-    bytes.join: half the CPU of a slice assignment per document, and no index per token
-    (bench/, wire section)."""
-    size = tokens.dtype.itemsize
-    raw = np.ascontiguousarray(tokens).data.cast("B")
-    seg = stream.seg_starts
-    lo = stream.doc_starts * size
-    hi = lo + (seg[1:] - seg[:-1] - 1 - stream.bos) * size
-    n, per = len(lo), 2 + stream.bos
-    parts: list[Any] = [b""] * (per * n)
-    parts[per - 2 :: per] = [raw[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
-    parts[per - 1 :: per] = [np.array([eos_id], tokens.dtype).tobytes()] * n
-    if stream.bos:
-        parts[0::per] = [np.array([bos_id], tokens.dtype).tobytes()] * n
-    parts += [np.ascontiguousarray(t.ids, tokens.dtype).data.cast("B") for t in tail]
-    return np.frombuffer(b"".join(parts), dtype=tokens.dtype)
-
-
-def assemble_rows(
-    rows: int,
-    seq_len: int,
-    parts: Iterable[tuple[Any, np.ndarray, RowStarts]],
-    buffer: Callable[[Any, int, int, int], RowBuffer],
-    dtype: np.dtype | type = np.int32,
-) -> tuple[np.ndarray, Int64s, npt.NDArray[np.int32]]:
-    """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
-    and the document starts inside each row (positions 1 .. seq_len - 1, row after row, with
-    row splits: the wire's form) of rows that are each one slice of a row buffer. `parts`
-    holds (dataset, slots, starts): row i of a part fills place slots[i] of the batch with
-    positions [starts.lo[i], starts.lo[i] + seq_len + 1) of `buffer(dataset, starts.epoch[i],
-    starts.chunk[i], starts.position[i])`. Every place must be filled exactly once.
-
-    Per batch: one copy of all rows, and one binary search call and one gather for the starts
-    of all rows, whatever buffers they come from. Rows are grouped by buffer in C-level dict
-    and map calls and their row views made by map: no Python bytecode per row (a batch's rows
-    come from a few buffers, shuffled, so per-buffer numpy calls cost as much as per-row
-    slices). About 0.84x the CPU of a per-row loop at 8 [8, 2048] batches, 0.92x at
-    [32, 4096] (the wire bench's calls recorded and replayed, min of 15: this change's commit).
-    A buffer's starts are positions inside it (`RowBuffer`)."""
-    span = seq_len + 1
-    buffers: list[RowBuffer] = []
-    which: list[int] = []  # each row's buffer, part after part
-    los, places = [], []
-    for dataset, slots, where in parts:
-        keys = list(
-            zip(where.epoch.tolist(), where.chunk.tolist(), where.position.tolist(), strict=True)
-        )
-        index: dict[tuple[int, int, int], int] = {}
-        for key in dict.fromkeys(keys):  # each buffer once, exactly, whatever the epoch
-            index[key] = len(buffers)
-            buffers.append(buffer(dataset, *key))
-        which += map(index.__getitem__, keys)
-        los.append(where.lo)
-        places.append(slots)
-    lo = np.concatenate(los).astype(np.int64, copy=False)
-    slot = np.concatenate(places)
-    of = np.array(which, dtype=np.int64)
-    every = np.arange(rows)
-    if len(lo) != len(of):
-        raise ValueError(f"{len(lo)} rows' starts for {len(of)} rows")
-    if len(slot) != rows or not np.array_equal(slot, every):
-        order = np.argsort(slot, kind="stable")
-        if len(slot) != rows or not np.array_equal(slot[order], every):
-            raise ValueError(f"the parts fill places {slot.tolist()}, not each of {rows} once")
-        of, lo = of[order], lo[order]
-    if rows and int(lo.min()) < 0:
-        raise ValueError(f"a row starts before its buffer (at {int(lo.min())})")
-    ids = [b.ids for b in buffers]
-    # A row reaching past its buffer's end is short: the copy below then refuses.
-    views: list[np.ndarray] = list(
-        map(
-            np.ndarray.__getitem__,
-            map(ids.__getitem__, of.tolist()),
-            map(slice, lo.tolist(), (lo + span).tolist()),
-        )
-    )
-    out = np.empty((rows, span), dtype=dtype)
-    np.concatenate(views, out=out.reshape(-1))  # one copy of every row, in one call
-    # The buffers' starts (positions inside them) as one sorted array: buffer k's shifted by
-    # k * big, past every position of the buffers before it, and each row's bounds with them.
-    starts = [b.starts for b in buffers]
-    big = 1 + max(max(len(b.ids), int(b.starts[-1]) + 1 if len(b.starts) else 0) for b in buffers)
-    joined = np.concatenate(starts).astype(np.int64, copy=False)
-    joined += np.repeat(
-        np.arange(0, len(buffers) * big, big, dtype=np.int64), [len(s) for s in starts]
-    )
-    base = of * big + lo
-    # Starts after each row's first slot and before its last
-    found = np.searchsorted(joined, np.concatenate((base + 1, base + seq_len)))
-    first = found[:rows]
-    counts = found[rows:] - first
-    splits = np.zeros(rows + 1, dtype=np.int32)
-    np.add.accumulate(counts, dtype=np.int32, out=splits[1:])
-    at = np.arange(int(splits[-1]), dtype=np.int64) + np.repeat(first - splits[:-1], counts)
-    return out, joined[at] - np.repeat(base, counts), splits
 
 
 def concat_pieces(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
-from tokenfeed.server.pack import packing
+from tokenfeed.server.pack import rowlayout
 from tokenfeed.server.pack.opened import OpenedChunks
 from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
@@ -51,7 +51,7 @@ class RowBuffers:
         # copy (bench/, wire section). Bounded by bytes, not by count: a corpus of 20,000
         # chunks of 1 KB has as many small buffers an epoch, and a cap of 4096 laid them out
         # again on every read (bench/, scale).
-        self.buffers: LRU[tuple[Any, int, int], packing.RowBuffer] = LRU(
+        self.buffers: LRU[tuple[Any, int, int], rowlayout.RowBuffer] = LRU(
             BUFFERS_MAX, stream_cache_bytes
         )
         # Row buffers being laid out, by key: a buffer is laid out once for every stream and
@@ -65,7 +65,7 @@ class RowBuffers:
 
     def row_buffer(
         self, key: int | tuple[int, int], epoch: int, c: int, position: int
-    ) -> packing.RowBuffer:
+    ) -> rowlayout.RowBuffer:
         """Chunk c's row buffer in `epoch` (it is at `position` of the epoch's order): its
         concat stream and its tail, in the wire's dtype. `key` is the dataset, or (dataset,
         segment) for a later segment's rows (another tail); epoch -1 names a carry block. Laid
@@ -75,8 +75,8 @@ class RowBuffers:
         return self._once((key, epoch, c), partial(self._lay_out, key, epoch, c, position))
 
     def _once(
-        self, key: tuple[Any, int, int], make: Callable[[], packing.RowBuffer]
-    ) -> packing.RowBuffer:
+        self, key: tuple[Any, int, int], make: Callable[[], rowlayout.RowBuffer]
+    ) -> rowlayout.RowBuffer:
         """The row buffer `key`, made by `make` in this thread unless another thread is making
         it (then this one waits for it, and makes it itself if that one failed); in a serving
         worker, mapped from another process's layout where there is one."""
@@ -86,7 +86,7 @@ class RowBuffers:
             name = f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
             laid_out = make
 
-            def make() -> packing.RowBuffer:
+            def make() -> rowlayout.RowBuffer:
                 return shared.get_or_make(name, laid_out, self._wire_dtype())
 
         while True:
@@ -108,11 +108,11 @@ class RowBuffers:
 
     def _lay_out(
         self, key: int | tuple[int, int], epoch: int, c: int, position: int
-    ) -> packing.RowBuffer:
+    ) -> rowlayout.RowBuffer:
         d, segment = (key, 0) if isinstance(key, int) else key
         t = self._tokenizer()
         tail = self._laid(d, self._tail(d, epoch, position, segment))
-        return packing.row_buffer(
+        return rowlayout.row_buffer(
             self.opened.stream(d, epoch, c),
             self.opened.verified(d, c).tokens,
             tail,
@@ -121,7 +121,7 @@ class RowBuffers:
             self._wire_dtype(),
         )
 
-    def _lay_carry(self, key: int | tuple[int, int], block: int) -> packing.RowBuffer:
+    def _lay_carry(self, key: int | tuple[int, int], block: int) -> rowlayout.RowBuffer:
         """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
         verified chunks, one after another, a document segment starting at each join."""
         if isinstance(key, int):
@@ -133,16 +133,16 @@ class RowBuffers:
         at = np.cumsum([0] + [len(b.ids) for b in laid[:-1]])
         found = [b.starts + a for b, a in zip(laid, at.tolist(), strict=True)]
         starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
-        return packing.RowBuffer(ids, starts.astype(np.int64))
+        return rowlayout.RowBuffer(ids, starts.astype(np.int64))
 
-    def _laid(self, d: int, pc: order.Pieces) -> list[packing.RowBuffer]:
+    def _laid(self, d: int, pc: order.Pieces) -> list[rowlayout.RowBuffer]:
         """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
         keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
         cols = (pc.epoch.tolist(), pc.chunk.tolist(), pc.lo.tolist(), pc.hi.tolist())
         with self.store.cache.pinned(keys):
             return [self._tail_piece(d, e, k, lo, hi) for e, k, lo, hi in zip(*cols, strict=True)]
 
-    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> packing.RowBuffer:
+    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> rowlayout.RowBuffer:
         """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
         is laid out (copied from a verified chunk then), else copied from the chunk verified
         now. Both are the same bytes."""
@@ -151,7 +151,7 @@ class RowBuffers:
             return laid_out.cut(lo, hi)
         t = self._tokenizer()
         tokens = self.opened.verified(d, c).tokens
-        return packing.stream_slice(
+        return rowlayout.stream_slice(
             self.opened.stream(d, epoch, c), tokens, lo, hi, t.bos_id, t.eos_id, self._wire_dtype()
         )
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
-from tokenfeed.server.pack.packing import RowBuffer
+from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
