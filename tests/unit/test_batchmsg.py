@@ -14,6 +14,11 @@ from tokenfeed.server.serve import batchmsg
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 
+def _message(job, step: int, rank: int, world: int, epoch: int, c: wire.Compact):
+    """One batch's message and payload bytes (a group of one)."""
+    return batchmsg.batch_messages(job, [step], rank, world, [(epoch, c)])[0]
+
+
 def _job(name="job-a", fingerprint="f" * 32, phases=((0, "p0"),), version=3):
     def plan_of(step: int) -> tuple[int, str]:
         return phases[phase_at(step)]
@@ -65,7 +70,7 @@ def _protobuf(job, step, rank, world, epoch, c: wire.Compact) -> bytes:
 def test_the_message_is_protobufs_serialization(step, rank, world, epoch, dtype, padded):
     job = _job()
     c = _compact(4, 2048, dtype, padded, seed=step % 1000)
-    message, payload = batchmsg.batch_message(job, step, rank, world, epoch, c)
+    message, payload = _message(job, step, rank, world, epoch, c)
     assert message == _protobuf(job, step, rank, world, epoch, c)
     back = pb.Batch.FromString(message)
     got = wire.decode(back)  # the client's check of the fingerprint passes
@@ -81,7 +86,7 @@ def test_a_stream_through_a_phase_and_of_other_jobs_keeps_each_ones_fields():
     for step in range(10):
         for job in (a, b, a):
             c = _compact(2, 64, np.uint16, step % 2 == 0, seed=step)
-            message, _ = batchmsg.batch_message(job, step, 1, 2, step // 4, c)
+            message, _ = _message(job, step, 1, 2, step // 4, c)
             assert message == _protobuf(job, step, 1, 2, step // 4, c)
             assert pb.Batch.FromString(message).plan_fingerprint == job.plan_of(step)[1]
 
@@ -90,7 +95,7 @@ def test_tokens_of_a_dtype_the_wire_cannot_carry_are_refused():
     c = _compact(2, 64, np.uint16, False, seed=1)
     bad = wire.Compact(c.tokens.astype(np.float32), c.starts, c.row_splits, None)
     with pytest.raises(wire.WireError, match="no wire encoding"):
-        batchmsg.batch_message(_job(), 1, 0, 1, 0, bad)
+        _message(_job(), 1, 0, 1, 0, bad)
 
 
 @pytest.mark.parametrize("first", [0, 125, 16_380, 2**21 - 3])
@@ -105,7 +110,7 @@ def test_a_groups_messages_are_each_batchs_own_across_phases_shapes_and_varint_s
     got = batchmsg.batch_messages(job, steps, 2, 4, built)
     for step, (epoch, c), (message, payload) in zip(steps, built, got, strict=True):
         assert message == _protobuf(job, step, 2, 4, epoch, c)
-        assert (message, payload) == batchmsg.batch_message(job, step, 2, 4, epoch, c)
+        assert (message, payload) == _message(job, step, 2, 4, epoch, c)
     one = batchmsg.batch_messages(job, steps[:3], 2, 4, built[:3])  # all in the first phase
     assert [m for m, _ in one] == [m for m, _ in got[:3]]
 

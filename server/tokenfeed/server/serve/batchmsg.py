@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def serialized(message: bytes) -> bytes:
-    """Batches leave the servicer serialized (`batch_message`)."""
+    """Batches leave the servicer serialized (`batch_messages`)."""
     return message
 
 
@@ -104,14 +104,6 @@ def _pieces(
 
 
 _heads = _Heads()
-
-
-def batch_message(
-    job: Job, step: int, rank: int, world_size: int, epoch: int, compact: wire.Compact
-) -> tuple[bytes, int]:
-    """A serialized tokenfeed.v1.Batch, and the bytes of its compact arrays (`batch_messages`
-    of one batch)."""
-    return batch_messages(job, [step], rank, world_size, [(epoch, compact)])[0]
 
 
 def batch_messages(
