@@ -7,7 +7,11 @@ Sides, in one table (MB of text and tokens per second, per core):
 - bare tiktoken: the `tiktoken.Encoding` that tokenizer/fasttok.py derives from the
   tokenizer.json (built before the clock starts), its own `encode_to_numpy` over every text on a
   thread per core, no tokenfeed code while timed: the reference of every tiktoken side ("n/a"
-  where fasttok.py or tiktoken is missing or cannot reproduce the tokenizer);
+  where fasttok.py or tiktoken is missing or cannot reproduce the tokenizer); the Encoding as
+  FastEngine leaves it (settled: its regex caches owned by a thread that has ended);
+- cold bare tiktoken: the same with the Encoding as tiktoken leaves it, one of the timed threads
+  its first user (the owner of its regex caches, which slows every thread beside it): what a
+  plain user of tiktoken's threads gets;
 - fasttok engine: tokenfeed's FastEngine.encode (the same Encoding, HF ids, one array) over all
   the texts at once;
 - `tokenfeed build --workers N` with `tokenizer.backend` hf and tiktoken: a new process, as an
@@ -65,6 +69,7 @@ FAST_TARGET = 0.90  # tokenfeed build (tiktoken) / bare tiktoken, per core
 SIDES = (
     "bare hf",
     "bare tiktoken",
+    "cold tiktoken",
     "fasttok engine",
     "build hf",
     "build tiktoken",
@@ -173,11 +178,22 @@ def fast_engine(tokenizer: Path):
         return None, f"tiktoken is not exact for the tokenizer: {e}"
 
 
-def bare_tiktoken(tokenizer: Path, texts: list[str]) -> float:
+def bare_tiktoken(tokenizer: Path, texts: list[str], settled: bool = True) -> float:
     """tiktoken alone: the Encoding fasttok derives (made before the clock starts), its own
-    encode_to_numpy on a thread per core (it releases the GIL), as a user of tiktoken would."""
-    engine, _ = fast_engine(tokenizer)
-    encoding, n = engine.encoding, cores()
+    encode_to_numpy on a thread per core (it releases the GIL), as a user of tiktoken would.
+    `settled`: the Encoding as FastEngine leaves it (its regex caches' owner a thread that has
+    ended: fasttok.FastEngine._settle), the reference; else as tiktoken leaves it, so one of
+    the timed threads is the first to encode and owns them (the "cold" row)."""
+    if settled:
+        engine, _ = fast_engine(tokenizer)
+        encoding = engine.encoding
+    else:
+        from tokenfeed.server.tokenizer import bpeexact
+
+        encoding, _ = bpeexact.exact_encoding(
+            json.loads(Tokenizer.from_file(str(tokenizer)).to_str())
+        )
+    n = cores()
     groups = [texts[i::n] for i in range(n)]
 
     def encode(group: list[str]) -> int:
@@ -290,6 +306,8 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
             kind, backend = side.split(" ")
             if side == "fasttok engine":
                 return fasttok_engine(tokenizer, texts)
+            if kind == "cold":
+                return bare_tiktoken(tokenizer, texts, settled=False)
             if kind == "bare":
                 return (
                     bare_hf(tokenizer, texts)
@@ -315,7 +333,7 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
             s
             for s in SIDES
             if (sizes.ray or not s.startswith("ray"))
-            and (s not in ("bare tiktoken", "fasttok engine") or not fast)
+            and (s not in ("bare tiktoken", "cold tiktoken", "fasttok engine") or not fast)
         ]
         for r in range(sizes.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
@@ -333,6 +351,7 @@ def table(r: TokenizationResult) -> str:
     labels = {
         "bare hf": f"bare tokenizers (encode_batch_fast, {r.cores} threads)",
         "bare tiktoken": f"bare tiktoken (encode_to_numpy, {r.cores} threads)",
+        "cold tiktoken": "the same, a timed thread its first user (as tiktoken is left)",
         "fasttok engine": "tokenfeed's fasttok engine alone (FastEngine.encode)",
         "build hf": f"tokenfeed build --workers {r.cores}, backend hf",
         "build tiktoken": f"tokenfeed build --workers {r.cores}, backend tiktoken",
