@@ -204,6 +204,33 @@ def test_uint16_input_ids_and_labels_share_one_widened_copy():
 
 
 @pytest.mark.parametrize(
+    "change",
+    [
+        {"starts": np.array([3, 6, 2], dtype="<u2").tobytes()},
+        {"row_splits": np.array([0, 1, 2, 3, 3], dtype="<i4").tobytes()},
+        {"padding": np.array([0, 2, 0, 2], dtype="<u2").tobytes()},
+        {"tokens": np.arange(36, dtype="<u2")[::-1].tobytes()},
+    ],
+)
+def test_a_well_formed_message_with_any_field_changed_fails_its_fingerprint(change):
+    """The client fingerprints the received bytes of every field (not arrays made of them):
+    a change to any one that passes the consistency checks is still caught."""
+    c = Compact(
+        np.arange(36, dtype="<u2").reshape(4, 9),
+        np.array([3, 5, 2], dtype="<u2"),
+        np.array([0, 2, 2, 3, 3], dtype="<i4"),
+        np.array([0, 1, 0, 2], dtype="<u2"),
+    )
+    fields = encode(c)
+    good = decode(over_the_wire(fields))
+    assert fingerprint(good) == fields["fingerprint"] == fingerprint(c)
+    changed = over_the_wire({**fields, **change})
+    decode(changed, verify=False)  # well-formed
+    with pytest.raises(WireError, match="fingerprint mismatch"):
+        decode(changed)
+
+
+@pytest.mark.parametrize(
     ("change", "match"),
     [
         ({"wire_version": 1}, "wire version 1"),
