@@ -48,15 +48,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import yaml
 from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
-from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS
-from tokenizers import Tokenizer
 
 from bench import corpus as corpusmod
 from bench import raybuild
+from bench.engines import bare_hf, bare_tiktoken, cores, fast_engine, fasttok_engine
 from bench.stats import median, paired_ratio
 from bench.table import number, render
 
@@ -125,10 +123,6 @@ def engine_of(side: str) -> str:
     return "bare tiktoken" if side.endswith("tiktoken") or side == "fasttok engine" else "bare hf"
 
 
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def write_corpus(root: Path, texts: list[str]) -> int:
     """FILES JSON Lines files; returns their bytes."""
     root.mkdir(parents=True)
@@ -153,63 +147,6 @@ def write_config(
         config["store"] = {"uri": str(store), "node": "bench"}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def bare_hf(tokenizer: Path, texts: list[str]) -> float:
-    tok = Tokenizer.from_file(str(tokenizer))  # a cold word cache, like a build's
-    start = time.perf_counter()
-    for i in range(0, len(texts), ENCODE_BATCH_DOCS):
-        tok.encode_batch_fast(texts[i : i + ENCODE_BATCH_DOCS], add_special_tokens=False)
-    return time.perf_counter() - start
-
-
-def fast_engine(tokenizer: Path):
-    """(fasttok's engine for the tokenizer, None) or (None, why there is none)."""
-    try:
-        from tokenfeed.server.tokenizer import fasttok
-    except ImportError:
-        return None, "no fasttok.py"
-    tok = Tokenizer.from_file(str(tokenizer))
-    try:
-        return fasttok.FastEngine.from_config(json.loads(tok.to_str())), ""
-    except ImportError as e:
-        return None, f"tiktoken is not installed ({e})"
-    except fasttok.NotExact as e:
-        return None, f"tiktoken is not exact for the tokenizer: {e}"
-
-
-def bare_tiktoken(tokenizer: Path, texts: list[str], settled: bool = True) -> float:
-    """tiktoken alone: the Encoding fasttok derives (made before the clock starts), its own
-    encode_to_numpy on a thread per core (it releases the GIL), as a user of tiktoken would.
-    `settled`: the Encoding as FastEngine leaves it (its regex caches' owner a thread that has
-    ended: fasttok.FastEngine._settle), the reference; else as tiktoken leaves it, so one of
-    the timed threads is the first to encode and owns them (the "cold" row)."""
-    if settled:
-        engine, _ = fast_engine(tokenizer)
-        encoding = engine.encoding
-    else:
-        from tokenfeed.server.tokenizer import bpeexact
-
-        encoding, _ = bpeexact.exact_encoding(
-            json.loads(Tokenizer.from_file(str(tokenizer)).to_str())
-        )
-    n = cores()
-    groups = [texts[i::n] for i in range(n)]
-
-    def encode(group: list[str]) -> int:
-        return sum(encoding.encode_to_numpy(t, disallowed_special=()).size for t in group)
-
-    with ThreadPoolExecutor(n) as pool:
-        start = time.perf_counter()
-        list(pool.map(encode, groups))
-        return time.perf_counter() - start
-
-
-def fasttok_engine(tokenizer: Path, texts: list[str]) -> float:
-    engine, _ = fast_engine(tokenizer)
-    start = time.perf_counter()
-    engine.encode(texts, np.dtype(np.uint16))
-    return time.perf_counter() - start
 
 
 def server_index(config: Path, expected_docs: int) -> tuple[float, int]:

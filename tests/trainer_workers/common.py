@@ -62,3 +62,11 @@ class Record:
             "resumed_at": self.resumed_at,
         }
         self.path.write_text(json.dumps(data))
+
+
+def leave_process_group() -> None:
+    """Destroy the process group a framework made, before the process exits. A rank that exits
+    with its gloo group alive can abort while its threads are torn down ("terminate called
+    without an active exception", exit -6: one CI run, rank 1 of an HF Trainer resume)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

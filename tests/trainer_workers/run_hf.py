@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import torch
-from common import LR, Record, args, lm_loss
+from common import LR, Record, args, leave_process_group, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.hf import TokenFeedTrainer
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
@@ -66,6 +66,7 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=resume)
     record.write()
     feed.close()
+    leave_process_group()
 
 
 class _ResumedAt(TrainerCallback):

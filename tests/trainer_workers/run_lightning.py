@@ -8,7 +8,7 @@ import os
 
 import lightning.pytorch as pl
 import torch
-from common import LR, Record, TinyLM, args, lm_loss
+from common import LR, Record, TinyLM, args, leave_process_group, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.lightning import TokenFeedDataModule
 
@@ -55,6 +55,7 @@ def main() -> None:
     trainer.fit(Module(a["vocab"], record), datamodule=TokenFeedDataModule(feed), ckpt_path=ckpt)
     record.write()
     feed.close()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -257,43 +257,6 @@ def test_a_merge_table_where_tiktokens_rank_rule_differs_is_refused(tmp_path):
     ]
 
 
-class Recorded(fasttok.FastEngine):
-    """Notes the thread of each of its encodes."""
-
-    def __init__(self, *args, fail_first: bool = False):
-        self.threads: list[threading.Thread] = []
-        self.fail_first = fail_first
-        super().__init__(*args)
-
-    def _encode_group(self, texts: list[str]) -> list[np.ndarray]:
-        self.threads.append(threading.current_thread())
-        if self.fail_first and len(self.threads) == 1:
-            raise RuntimeError("the first encode fails")
-        return super()._encode_group(texts)
-
-
-def test_the_first_encode_is_on_a_thread_that_ended_before_any_pool_thread(llama3, docs):
-    """The regex engines' caches are owned by their first user, which then slows every thread
-    that encodes beside it (fasttok.FastEngine._settle): so the engine's first encode runs on a
-    thread of its own that has ended before the pool's threads encode."""
-    engine = Recorded(*bpeexact.exact_encoding(json.loads(llama3.read_text())))
-    [settler] = engine.threads  # made and encoded at construction
-    assert settler is not threading.current_thread()
-    assert not settler.is_alive()
-    tokens, lengths = engine.encode(docs[:96], np.dtype(np.int32))
-    pool = set(engine.threads[1:])
-    assert pool and settler not in pool
-    assert all(t.name.startswith("tiktoken") for t in pool)
-    assert split(tokens, lengths) == hf_ids(llama3, docs[:96])
-
-
-def test_a_first_encode_that_fails_is_left_to_the_parity_check(llama3, docs):
-    engine = Recorded(*bpeexact.exact_encoding(json.loads(llama3.read_text())), fail_first=True)
-    assert len(engine.threads) == 1  # it failed quietly, on its own thread
-    tokens, lengths = engine.encode(docs[:32], np.dtype(np.int32))
-    assert split(tokens, lengths) == hf_ids(llama3, docs[:32])
-
-
 def swapped(engine: fasttok.FastEngine, a: int, b: int) -> fasttok.FastEngine:
     """The engine with the HF ids of two tokens exchanged: wrong exactly where they occur."""
     lut = engine.rank_to_id.copy()

@@ -16,6 +16,7 @@ import torch
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenfeed.client import wire
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.torch import expand as torch_expand
 from tokenfeed.client.wire import (
@@ -248,6 +249,35 @@ def test_malformed_messages_are_refused(change, match):
         fields["row_splits"] = np.array([0, 2, 2, 2, 2], dtype="<i4").tobytes()
     with pytest.raises(WireError, match=match):
         decode(over_the_wire(fields), verify=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.integers(-3, 70_000), max_size=150),
+    lo=st.integers(-2, 5),
+    hi=st.integers(0, 70_000),
+    dtype=st.sampled_from(["<i4", "<i8"]),
+)
+def test_decodes_checks_agree_with_numpys_at_every_size(values, lo, hi, dtype):
+    """Small arrays are checked as lists, large ones with numpy: the same answers."""
+    a = np.array(values, dtype=dtype)
+    assert wire._ascending(a) == bool(np.all(a[1:] >= a[:-1]))
+    if len(a):
+        assert wire._between(a, lo, hi) == bool(np.all((a >= lo) & (a < hi)))
+
+
+@pytest.mark.parametrize("fault", ["splits", "start 0", "start seq_len"])
+def test_large_malformed_batches_are_refused(fault):
+    rows, seq_len = 100, 8
+    starts = np.full(rows, 3, dtype="<u2")
+    splits = np.arange(rows + 1, dtype="<i4")
+    if fault == "splits":
+        splits[50], splits[51] = 52, 50
+    else:
+        starts[77] = 0 if fault == "start 0" else seq_len
+    c = Compact(np.zeros((rows, seq_len + 1), dtype="<u2"), starts, splits, None)
+    with pytest.raises(WireError, match="row_splits" if fault == "splits" else "outside"):
+        decode(over_the_wire(encode(c)), verify=False)
 
 
 def test_token_dtype_is_the_narrowest_that_holds_the_vocabulary():
