@@ -41,11 +41,11 @@ class FastEngine:
 
     def _settle(self) -> None:
         """Encode a sample once on a thread of its own that then ends, before any pool thread
-        encodes. The split pattern's regex engines keep their match caches in pools whose
-        first user becomes the owner: the owner writes a word shared with every other thread
-        twice per match, so while it encodes beside them each thread's cache line ping-pongs
-        (two threads spent 25-40% more CPU on the same documents: bench/, tokenization). An
-        owner that has ended writes nothing: every pool thread takes the shared path alone.
+        encodes. The threads that encode first in a process stay slower for as long as they
+        encode beside others: two threads spent 25-40% more CPU on the same documents (bench/,
+        tokenization). Most likely the split pattern's regex engines, whose match caches sit in
+        pools with a fast path for their first user: its bookkeeping writes a word that every
+        other thread's search reads. A first user that has ended writes nothing.
         The sample's ids are the ones the load-time check compares with HF's; a failure here
         is left to that check."""
 
