@@ -167,12 +167,29 @@ def fingerprint(c: Compact, header: bytes | None = None) -> str:
     """`header`: `fingerprint_header(c)`, kept by a caller that fingerprints many batches of
     one shape (a server's stream)."""
     # `.data`: the contiguous array's own bytes, without a copy.
-    h = xxhash.xxh3_128(fingerprint_header(c) if header is None else header)
-    h.update(np.ascontiguousarray(c.tokens).data)
-    h.update(np.ascontiguousarray(c.starts).data)
-    h.update(np.ascontiguousarray(c.row_splits).data)
-    if c.padding is not None:
-        h.update(np.ascontiguousarray(c.padding).data)
+    return _digest(
+        fingerprint_header(c) if header is None else header,
+        np.ascontiguousarray(c.tokens).data,
+        np.ascontiguousarray(c.starts).data,
+        np.ascontiguousarray(c.row_splits).data,
+        None if c.padding is None else np.ascontiguousarray(c.padding).data,
+    )
+
+
+_Bytes = bytes | memoryview
+
+
+def _digest(
+    header: bytes, tokens: _Bytes, starts: _Bytes, splits: _Bytes, padding: _Bytes | None
+) -> str:
+    """The hex xxh3-128 of a header and a batch's compact bytes, in the fingerprint's order:
+    the arrays' buffers on a server, the received bytes on a client (the same bytes)."""
+    h = xxhash.xxh3_128(header)
+    h.update(tokens)
+    h.update(starts)
+    h.update(splits)
+    if padding is not None:
+        h.update(padding)
     return h.hexdigest()
 
 
@@ -279,13 +296,8 @@ def decode(msg: pb.Batch, verify: bool = True) -> Compact:
         if padding.max() > seq_len:
             raise WireError(f"padding of more than {seq_len} slots")
     if verify:
-        h = xxhash.xxh3_128(_header(rows, seq_len, code, padding is not None))
-        h.update(raw_tokens)
-        h.update(raw_starts)
-        h.update(raw_splits)
-        if padding is not None:
-            h.update(raw_padding)
-        got = h.hexdigest()
+        header = _header(rows, seq_len, code, padding is not None)
+        got = _digest(header, raw_tokens, raw_starts, raw_splits, raw_padding or None)
         if got != msg.fingerprint:
             raise WireError(
                 f"batch fingerprint mismatch: computed {got}, server sent {msg.fingerprint}"
