@@ -114,8 +114,14 @@ def _wait(groups: list[tuple[Run, list]], tmp: Path, timeout: float) -> dict[str
                 code = -9
             log.close()
             if code != 0:
-                text = (tmp / f"{run.name}.rank{rank}.log").read_text()[-6000:]
-                raise AssertionError(f"run {run.name} rank {rank} exited {code}:\n{text}")
+                for p, other in procs:  # every rank's log, complete
+                    p.kill()
+                    other.close()
+                logs = "".join(
+                    f"\n--- rank {r}:\n" + (tmp / f"{run.name}.rank{r}.log").read_text()[-4000:]
+                    for r in range(run.world)
+                )
+                raise AssertionError(f"run {run.name} rank {rank} exited {code}:{logs}")
         out[run.name] = [
             json.loads((tmp / f"{run.name}.rank{r}.json").read_text()) for r in range(run.world)
         ]

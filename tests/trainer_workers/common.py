@@ -3,8 +3,11 @@ model consumed at each global step (tests/trainer_harness.py reads it)."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,9 @@ import torch
 from trainer_harness import digest
 
 LR = 0.02
+
+# A worker that hangs prints every thread's stack to its log before the harness kills it.
+faulthandler.dump_traceback_later(float(os.environ.get("TOKENFEED_WORKER_STACKS_AFTER", 200)))
 
 
 def args() -> dict:
@@ -64,9 +70,26 @@ class Record:
         self.path.write_text(json.dumps(data))
 
 
-def leave_process_group() -> None:
-    """Destroy the process group a framework made, before the process exits. A rank that exits
-    with its gloo group alive can abort while its threads are torn down ("terminate called
-    without an active exception", exit -6: one CI run, rank 1 of an HF Trainer resume)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+def finish(a: dict, record: Record, feed) -> None:
+    """Write this rank's record, close its Client, wait until every rank of the run has done
+    the same, and exit at once, skipping torch's teardown of the process group.
+
+    That teardown failed twice in CI, each time after the run had finished and been recorded:
+    once a rank aborted at exit with its gloo group alive ("terminate called without an active
+    exception", exit -6), once a rank hung past the harness's deadline after destroying the
+    group. Neither is what the tests check. The ranks meet through files, not through gloo, so
+    no collective is in flight when the first one exits; a Client that does not close in time
+    shows in the stacks the watchdog above prints."""
+    record.write()
+    feed.close()
+    work = Path(a["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"done.rank{a['rank']}").touch()
+    deadline = time.monotonic() + 60
+    while not all((work / f"done.rank{r}").exists() for r in range(a["world"])):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other ranks of the run did not finish within 60 s ({work})")
+        time.sleep(0.05)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import torch
-from common import LR, Record, args, leave_process_group, lm_loss
+from common import LR, Record, args, finish, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.hf import TokenFeedTrainer
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
@@ -64,9 +64,7 @@ def main() -> None:
         resume = os.path.join(a["ckpt_in"], f"checkpoint-{a['resume_step']}")
     trainer.add_callback(_ResumedAt(record))
     trainer.train(resume_from_checkpoint=resume)
-    record.write()
-    feed.close()
-    leave_process_group()
+    finish(a, record, feed)
 
 
 class _ResumedAt(TrainerCallback):

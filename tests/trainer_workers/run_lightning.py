@@ -8,7 +8,7 @@ import os
 
 import lightning.pytorch as pl
 import torch
-from common import LR, Record, TinyLM, args, leave_process_group, lm_loss
+from common import LR, Record, TinyLM, args, finish, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.lightning import TokenFeedDataModule
 
@@ -53,9 +53,7 @@ def main() -> None:
     if a["ckpt_in"]:
         (ckpt,) = glob.glob(os.path.join(a["ckpt_in"], f"*step={a['resume_step']}.ckpt"))
     trainer.fit(Module(a["vocab"], record), datamodule=TokenFeedDataModule(feed), ckpt_path=ckpt)
-    record.write()
-    feed.close()
-    leave_process_group()
+    finish(a, record, feed)
 
 
 if __name__ == "__main__":
