@@ -18,10 +18,10 @@ STALLED = 300
 # [32, 4096] batches (about 256 KiB each on the wire): big enough that what a stalled stream
 # holds shows in RSS.
 SEQ_LEN, BATCH = 4096, 32
-# What one stalled stream may hold (serve/streaming.py `Ahead`, stream_ahead 2): fewer than
-# stream_ahead batches and a group queued, a group built and waiting to be queued, and the group
-# being sent (the message and its serialized copies in gRPC): docs/configuration.md.
-BATCHES_PER_STALLED_STREAM = 2 * 2 + 3
+# What one stalled stream may hold (serve/streaming.py `Ahead`, stream_ahead 2): the group being
+# sent and the serialized copy of its message in gRPC, fewer than stream_ahead batches and a
+# group queued; a group is three of these batches (GROUP_TOKENS): docs/configuration.md.
+BATCHES_PER_STALLED_STREAM = 3 + 1 + (2 - 1) + 3
 # Allocator and gRPC bookkeeping besides the batches.
 SLACK_MB = 64
 

@@ -1,8 +1,10 @@
 """How many steps a stream assembles in one stretch of the event loop: small batches are
-grouped (their fixed costs paid once), and no group holds more than one large batch's tokens,
-so another stream never waits longer than that."""
+grouped (their fixed costs paid once), and no group holds more than three [32, 4096] batches'
+tokens, so another stream never waits longer than that; and what a stalled stream holds."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from tokenfeed.server.serve.streaming import (
@@ -10,6 +12,7 @@ from tokenfeed.server.serve.streaming import (
     PLAN_ROWS,
     PLAN_STEPS,
     STREAM_GROUP,
+    Ahead,
     plan_group,
     stream_group,
 )
@@ -18,11 +21,12 @@ from tokenfeed.server.serve.streaming import (
 @pytest.mark.parametrize(
     ("rows", "seq_len", "expected"),
     [
-        (8, 2048, 8),  # 16 K tokens a batch: a full group
-        (16, 4096, 2),  # 64 K: two fit in GROUP_TOKENS
-        (32, 4096, 1),  # one [32, 4096] batch is the bound itself
+        (8, 2048, 24),  # 16 K tokens a batch: a full group
+        (16, 4096, 6),  # 64 K: six fit in GROUP_TOKENS
+        (32, 4096, 3),  # 128 K: three
+        (96, 4096, 1),  # one batch is the bound itself
         (64, 8192, 1),  # larger than the bound: one at a time, never zero
-        (1, 128, 8),
+        (1, 128, 24),
     ],
 )
 def test_groups_are_bounded_by_tokens(rows, seq_len, expected):
@@ -39,10 +43,44 @@ def test_no_group_exceeds_the_token_bound_unless_one_batch_does():
 
 @pytest.mark.parametrize(
     ("rows", "expected"),
-    [(8, PLAN_STEPS), (32, PLAN_STEPS), (64, PLAN_ROWS // 64), (512, 1), (4096, 1)],
+    [(8, PLAN_STEPS), (16, PLAN_STEPS), (32, PLAN_ROWS // 32), (64, PLAN_ROWS // 64), (4096, 1)],
 )
 def test_a_stream_plans_up_to_plan_rows_rows_at_once(rows, expected):
     # Planning is metadata only, but it runs on the event loop in one stretch: bounded by
     # rows so that a plan never costs more than assembling one batch.
     assert plan_group(rows) == expected
     assert plan_group(rows) * rows <= PLAN_ROWS or plan_group(rows) == 1
+
+
+def test_a_pass_plans_whole_groups_of_the_usual_shapes():
+    for rows, seq_len in ((1, 2048), (8, 2048), (16, 4096), (32, 4096), (64, 2048)):
+        assert plan_group(rows) % stream_group(rows, seq_len) == 0, (rows, seq_len)
+
+
+@pytest.mark.parametrize(("limit", "group"), [(2, 3), (2, 24), (2, 1), (4, 2)])
+def test_a_stalled_reader_holds_the_group_being_sent_and_one_more(limit, group):
+    """The stream's builder (serve/streaming.py) waits for room before it builds a group. A
+    reader that takes one group and stalls leaves one more group and fewer than `limit`
+    batches built: nothing else is built, however long it stalls."""
+
+    async def scenario() -> int:
+        ahead, built = Ahead(limit), 0
+
+        async def builder() -> None:
+            nonlocal built
+            while True:
+                await ahead.room()
+                built += group  # a group assembled
+                await ahead.put([object()] * group)
+
+        task = asyncio.create_task(builder())
+        await ahead.get()  # the group being sent; the reader then stalls
+        for _ in range(50):
+            await asyncio.sleep(0)
+        task.cancel()
+        return built
+
+    built = asyncio.run(scenario())
+    queued_most = (limit - 1) + group  # fewer than `limit` queued, then one group more
+    assert built <= group + queued_most
+    assert built > group  # one group more is built while the first is sent

@@ -18,18 +18,20 @@ from tokenfeed.server.serve.batchmsg import batch_messages
 from tokenfeed.server.telemetry import metrics
 
 # Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls, pins,
-# the plan's split) once per group: 8 [8, 2048] batches cost 80-87 us of CPU each against
-# 96-144 us in groups of 4 (bench/, wire section). An assembled group holds at most
-# GROUP_TOKENS tokens, one [32, 4096] batch, so the event loop is never held for more than one
-# large batch's work and a stalled stream holds at most that much in its group: larger batches
-# go one at a time.
-STREAM_GROUP = 8
-GROUP_TOKENS = 32 * 4096
+# the plan's split, the hand-over to the sender) once per group. Measured on a lone server, one
+# consumer reading each [8, 2048] row once: the serving thread spent 160-185 us a batch in
+# groups of 24 (48 planned at once) against 250-270 us in groups of 8 (16 planned), and the
+# stream ran 52-59 against 41-44 M tokens/s (3 alternating rounds; bench/, wire section). A
+# group holds at most GROUP_TOKENS tokens, three [32, 4096] batches, so another stream waits at
+# most that long (about 2 ms of the event loop) and a stalled stream holds at most two groups
+# (see `Ahead`); larger batches go one at a time.
+STREAM_GROUP = 24
+GROUP_TOKENS = 3 * 32 * 4096
 # Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
-# arithmetic over row indexes, vectorised, so 16 steps cost little more than one and far less
-# than assembling one batch.
-PLAN_STEPS = 16
-PLAN_ROWS = 512
+# arithmetic over row indexes, vectorised, so 48 steps cost little more than one and far less
+# than assembling one batch. Two groups of the largest size fit a pass.
+PLAN_STEPS = 2 * STREAM_GROUP
+PLAN_ROWS = 768
 
 
 def stream_group(rows: int, seq_len: int) -> int:
@@ -46,9 +48,11 @@ def plan_group(rows: int) -> int:
 
 class Ahead:
     """A stream's built batches between the task that builds them and the sender, a group at a
-    time: a group is queued whole once fewer than `limit` batches wait (so at most `limit - 1`
-    batches and one group wait), and handed over whole, so the two tasks meet once per group,
-    not once per batch (each meeting is a task switch of the event loop)."""
+    time. The builder waits for room (fewer than `limit` batches queued) before it builds a
+    group, and queues it whole; the sender takes a group whole, so the two tasks meet once per
+    group, not once per batch (each meeting is a task switch of the event loop). A reader that
+    stalls therefore holds the group being sent, fewer than `limit` batches queued and one
+    group more: never a third group built and waiting."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -57,10 +61,14 @@ class Ahead:
         self._getter: asyncio.Future | None = None
         self._putter: asyncio.Future | None = None
 
-    async def put(self, group: list) -> None:
+    async def room(self) -> None:
+        """Returns once fewer than `limit` batches are queued."""
         while self._waiting >= self.limit:
             self._putter = asyncio.get_running_loop().create_future()
             await self._putter
+
+    async def put(self, group: list) -> None:
+        await self.room()
         self._groups.append(group)
         self._waiting += len(group)
         _wake(self._getter)
@@ -146,13 +154,13 @@ class BatchMaker:
     async def stream(self, job: Job, start: int, end: int, rank: int, world_size: int, context):
         """The stream's batches, built while the ones before them are sent, a group at a time
         (`stream_group`: up to STREAM_GROUP batches of at most GROUP_TOKENS tokens in all, or
-        one larger batch): groups are queued whole while fewer than `stream_ahead` batches wait
-        (`Ahead`), so a reader that stalls holds `stream_ahead - 1` batches and a group queued,
-        a group being built, and the group being sent with gRPC's flow-control window. Up to
+        one larger batch): a group is built once fewer than `stream_ahead` batches wait and is
+        queued whole (`Ahead`), so a reader that stalls holds the group being sent (with gRPC's
+        flow-control window), fewer than `stream_ahead` batches and one group queued. Up to
         PLAN_STEPS steps are planned in one pass (`plan_group`), and assembled a group at a
         time on the event loop, each group in one stretch between awaits: other streams wait at
-        most one large batch's work (measured faster than threads, whose GIL contention with
-        the loop cost more than the overlap gained)."""
+        most one group's work (measured faster than threads, whose GIL contention with the loop
+        cost more than the overlap gained)."""
         ready = Ahead(self.stream_ahead)
         seconds = metrics.REQUEST_SECONDS.labels("StreamBatches")
         plans = job.plans
@@ -193,6 +201,9 @@ class BatchMaker:
                     per = stream_group(size // world_size, seq_len)
                     for i, part in enumerate(job.split_plan(plan, len(steps), per)):
                         group = steps[i * per : (i + 1) * per]
+                        waited = time.perf_counter()
+                        await ready.room()  # built only when it may be queued at once
+                        started += time.perf_counter() - waited  # (the reader's time)
                         batches = await self.serialized(job, part, group, rank, world_size)
                         per_batch = (time.perf_counter() - started) / len(group)
                         for _ in batches:

@@ -204,11 +204,11 @@ class ServerSpec:
         metadata=option(
             Integer(minimum=1),
             doc="batches each StreamBatches call builds ahead of the ones being sent (a group of "
-            "up to 8 small batches, at most one [32, 4096] batch's tokens in all, is assembled "
-            "in one pass and queued whole while fewer than this many batches wait): a reader "
-            "that stalls holds fewer than this many built batches and a group queued, a group "
-            "being built, and the group in gRPC's hands: at most `2 × stream_ahead + 3` batches "
-            "of 128 Ki tokens per stalled stream ([limits](#limits))",
+            "up to 24 small batches, at most three [32, 4096] batches' tokens in all, is "
+            "assembled in one pass once fewer than this many batches wait, and queued whole): a "
+            "reader that stalls holds the group being sent and its message in gRPC's hands, "
+            "fewer than this many batches and a group queued: at most two groups of 384 Ki "
+            "tokens and `stream_ahead` batches per stalled stream ([limits](#limits))",
             why="enough to keep the wire busy while the next is built (bench/ serving section), "
             "few enough that a reader that stalls holds little memory",
         ),
