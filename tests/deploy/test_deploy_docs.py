@@ -20,7 +20,7 @@ def test_guide_cites_only_measured_figures():
     """Sizing figures in the guide are the README's `make bench` figures."""
     guide = " ".join(GUIDE.read_text().split())
     readme = (ROOT / "README.md").read_text()
-    figures = ("1.76 MB/s", "5.58 MB/s", "48.3 M tokens/s", "212.7 M", "2.12 MB/s", "5.46 MB/s")
+    figures = ("1.76 MB/s", "5.58 MB/s", "54.8 M tokens/s", "201.3 M", "2.12 MB/s", "5.46 MB/s")
     for figure in figures:
         assert figure in guide and figure in readme, figure
     assert "make bench" in guide and "2-core machine" in guide
@@ -71,3 +71,21 @@ def test_make_test_installs_the_tools_first():
     assert re.search(r"^test: .*\btools\b", makefile, re.M)
     assert re.search(r"^tools:\n\tbash scripts/install_tools.sh$", makefile, re.M)
     assert ".tools/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_readme_serving_figures_are_the_recorded_run():
+    """The README's serving table is bench/results/wire-2core.txt's first run: every rate,
+    ratio and CPU figure of its rows is in that output (targets and the computed `Nx less`
+    aside)."""
+    readme = (ROOT / "README.md").read_text()
+    recorded = (ROOT / "bench" / "results" / "wire-2core.txt").read_text()
+    first = recorded.split("The same command minutes later")[0]
+    start = readme.index("| measure | tokenfeed | bare transport | ratio (target) |")
+    table = readme[start : readme.index("\n\n", start)].splitlines()[2:]
+    assert len(table) == 8, table
+    figures = [
+        f for row in table for f in re.findall(r"\b\d+\.\d+\b(?!x)", row) if f not in ("0.6", "0.8")
+    ]
+    assert len(figures) > 40, figures
+    for figure in figures:
+        assert figure in first, figure
