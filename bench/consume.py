@@ -11,7 +11,9 @@ the real client (decode, fingerprint check, `input_ids` and `labels` as int32 ar
 trainer does. `--wrap E` reads steps start .. start + E - 1 over and over (E: the steps of one
 epoch): warm serving, a second row of the benchmark; training reads each row once, streaming on
 through epoch ends, which `--wrap 0` (the default) does. `--sync` prints "ready" once connected
-and starts when a line arrives on stdin, so several consumers start together. Run as a
+and starts when a line arrives on stdin, so several consumers start together.
+`--keep-freed-memory` tunes the process's allocator first, as a trainer may (docs/client.md);
+the benchmark's tables leave it off. Run as a
 separate process so the consumer never shares a GIL with the server or another consumer.
 """
 
@@ -23,7 +25,7 @@ import sys
 import time
 
 import grpc
-from tokenfeed.client import Client
+from tokenfeed.client import Client, keep_freed_memory
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -123,7 +125,14 @@ def main() -> None:
     parser.add_argument("--wrap", type=int, default=0)
     parser.add_argument("--sync", action="store_true", help="start on a line on stdin")
     parser.add_argument("--prefetch", type=int, help="the Client's prefetch (default: its own)")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="tune this process's allocator first (tokenfeed.client.keep_freed_memory)",
+    )
     a = parser.parse_args()
+    if a.keep_freed_memory:
+        keep_freed_memory()
     figures = consume(
         a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap, a.sync, a.prefetch
     )

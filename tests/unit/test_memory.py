@@ -1,4 +1,4 @@
-"""The serving process's allocator (serve/memory.py): on glibc, blocks up to 32 MiB come from
+"""The serving process's allocator (client/memory.py): on glibc, blocks up to 32 MiB come from
 the heap and stay there once freed, so a row buffer's memory is reused, not faulted in again;
 `TOKENFEED_KEEP_FREED_MEMORY=0` leaves the defaults. Run in a child process: the tuning is
 process-wide."""
@@ -15,7 +15,7 @@ import pytest
 CHILD = """
 import ctypes, resource, sys
 import numpy as np
-from tokenfeed.server.serve.memory import keep_freed_memory
+from tokenfeed.client import keep_freed_memory
 tuned = keep_freed_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -23,6 +23,7 @@ from tokenfeed.client.errors import (
     Unavailable,
     WireError,
 )
+from tokenfeed.client.memory import keep_freed_memory
 
 __all__ = [
     "AsyncClient",
@@ -38,6 +39,7 @@ __all__ = [
     "TokenfeedClientError",
     "Unavailable",
     "WireError",
+    "keep_freed_memory",
     "microbatches",
     "varlen",
 ]

@@ -5,13 +5,13 @@ single.py), or a supervisor that owns it and that many serving worker processes 
 from __future__ import annotations
 
 import uvloop
+from tokenfeed.client.memory import keep_freed_memory
 from tokenfeed.server.serve import single, workers
-from tokenfeed.server.serve.memory import keep_freed_memory
 from tokenfeed.server.settings.config import Config
 
 
 def run(config: Config, ready_file: str | None = None) -> None:
-    keep_freed_memory()  # row buffers reuse freed memory (memory.py)
+    keep_freed_memory()  # row buffers reuse freed memory (client/memory.py)
     if config.server.workers > 1:
         uvloop.run(workers.supervise(config, ready_file))
     else:

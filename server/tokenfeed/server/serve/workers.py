@@ -32,6 +32,7 @@ from pathlib import Path
 
 import uvloop
 from prometheus_client.metrics_core import Metric
+from tokenfeed.client.memory import keep_freed_memory
 from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
@@ -40,7 +41,6 @@ from tokenfeed.server.pack import sharedrows
 from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
-from tokenfeed.server.serve.memory import keep_freed_memory
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.telemetry import logs, metrics
 
@@ -326,7 +326,7 @@ def worker_main(
     ready_file: str,
 ) -> None:
     logs.configure(config.server.log_format)
-    keep_freed_memory()  # a spawned process: its own allocator (memory.py)
+    keep_freed_memory()  # a spawned process: its own allocator (client/memory.py)
     uvloop.run(
         _worker(config, index, listen, health_listen, SupervisorLink(control, authkey), ready_file)
     )
