@@ -74,10 +74,12 @@ def finish(a: dict, record: Record, feed) -> None:
     """Write this rank's record, close its Client, wait until every rank of the run has done
     the same, and exit at once, skipping torch's teardown of the process group.
 
-    That teardown failed twice in CI, each time after the run had finished and been recorded:
-    once a rank aborted at exit with its gloo group alive ("terminate called without an active
-    exception", exit -6), once a rank hung past the harness's deadline after destroying the
-    group. Neither is what the tests check. The ranks meet through files, not through gloo, so
+    That teardown failed in CI three times, each time after the run had finished and been
+    recorded: an HF rank aborted at exit with its gloo group alive ("terminate called without an
+    active exception", exit -6); an HF rank hung past the harness's deadline after destroying
+    the group; a Megatron rank hung in the destructors of its main function's locals after
+    destroying it (its stacks, printed by the watchdog below, ended at `main()`). None of this is
+    what the tests check. The ranks meet through files, not through gloo, so
     no collective is in flight when the first one exits; a Client that does not close in time
     shows in the stacks the watchdog above prints."""
     record.write()

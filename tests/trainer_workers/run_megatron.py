@@ -17,7 +17,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from common import Record, TinyLM, args
+from common import Record, TinyLM, args, finish
 from megatron.core import parallel_state as ps
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.megatron import megatron_iterator
@@ -83,9 +83,7 @@ def main() -> None:
                 "model": model.state_dict(),
             }
             torch.save(state, path)
-    record.write()
-    feed.close()
-    dist.destroy_process_group()
+    finish(a, record, feed)
 
 
 if __name__ == "__main__":

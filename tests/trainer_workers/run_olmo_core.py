@@ -8,7 +8,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from common import LR, Record, args
+from common import LR, Record, args, finish
 from olmo_core.data.data_loader import DataLoaderBase
 from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.nn.transformer import TransformerConfig
@@ -92,8 +92,7 @@ def main() -> None:
     ).build(train_module, loader)
     trainer.fit()
     recorder.finish()
-    feed.close()
-    dist.destroy_process_group()
+    finish(a, record, feed)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from common import LR, Record, TinyLM, args, lm_loss
+from common import LR, Record, TinyLM, args, finish, lm_loss
 from tokenfeed.client import Client
 from tokenfeed.client.integrations.torchtitan import TokenFeedDataLoader
 from torchtitan.components.checkpoint import CheckpointManager
@@ -77,9 +77,7 @@ def main() -> None:
         if state.step >= a["steps"]:
             break
     checkpoint.close()
-    record.write()
-    feed.close()
-    dist.destroy_process_group()
+    finish(a, record, feed)
 
 
 if __name__ == "__main__":
