@@ -78,10 +78,10 @@ def finish(a: dict, record: Record, feed) -> None:
     recorded: an HF rank aborted at exit with its gloo group alive ("terminate called without an
     active exception", exit -6); an HF rank hung past the harness's deadline after destroying
     the group; a Megatron rank hung in the destructors of its main function's locals after
-    destroying it (its stacks, printed by the watchdog below, ended at `main()`). None of this is
-    what the tests check. The ranks meet through files, not through gloo, so
-    no collective is in flight when the first one exits; a Client that does not close in time
-    shows in the stacks the watchdog above prints."""
+    destroying it (the stacks the watchdog above printed ended at `main()`). None of this is
+    what the tests check. The ranks meet through files, not through gloo, so no collective is in
+    flight when the first one exits; a Client that does not close in time shows in the
+    watchdog's stacks too."""
     record.write()
     feed.close()
     work = Path(a["work"])
