@@ -119,3 +119,51 @@ def test_varints_are_protobufs():
     assert batchmsg._varint(0) == b"\x00"
     for n in [*range(1, 300), 16_383, 16_384, 2**21 - 1, 2**21, 2**63 - 1, -1, -(2**63)]:
         assert batchmsg._varint(n) == pb.Batch(epoch=n).SerializeToString()[1:]
+
+
+@pytest.mark.parametrize(
+    ("steps", "per", "dtype", "padded", "first"),
+    [
+        (24, 8, np.uint16, None, 0),  # a stream's usual group
+        (3, 32, np.int32, None, 16_382),  # steps across a varint's size change
+        (5, 4, np.uint16, "some", 7),  # padding in some batches only: the others travel without
+        (4, 2, np.uint16, "all", 1),
+        (2, 1, np.int32, "some", 0),
+    ],
+)
+def test_a_groups_messages_are_those_of_its_batches_cut_alone(steps, per, dtype, padded, first):
+    """group_messages (a stream's group, its arrays sliced from the group's buffers) makes each
+    batch's message of split_rows' cut of it, byte for byte, across a phase change."""
+    job = _job("g", phases=((0, "first"), (first + steps // 2, "second")))
+    rng = np.random.default_rng(steps * per)
+    seq_len = 64
+    whole = _compact(steps * per, seq_len, dtype, False, seed=steps)
+    starts = [
+        np.sort(rng.integers(1, seq_len, int(rng.integers(0, 4)))) for _ in range(steps * per)
+    ]
+    padding = None
+    if padded:
+        padding = rng.integers(0, 3, steps * per).astype(wire.position_dtype(seq_len))
+        if padded == "some":
+            padding[: per * (steps // 2)] = 0  # the first half of the batches have none
+    splits = np.concatenate(([0], np.cumsum([len(s) for s in starts]))).astype(np.int32)
+    flat = np.concatenate(starts).astype(wire.position_dtype(seq_len))
+    whole = wire.Compact(whole.tokens, flat, splits, padding)
+    numbers = list(range(first, first + steps))
+    epochs = [s % 3 for s in numbers]
+    got = batchmsg.group_messages(job, numbers, 1, 2, epochs, whole)
+    cut = wire.split_rows(whole, per, steps)
+    assert got == batchmsg.batch_messages(job, numbers, 1, 2, list(zip(epochs, cut, strict=True)))
+    for step, epoch, c, (message, _) in zip(numbers, epochs, cut, got, strict=True):
+        assert message == _protobuf(job, step, 1, 2, epoch, c)
+        back = wire.decode(pb.Batch.FromString(message))  # its fingerprint checks
+        assert np.array_equal(back.tokens, c.tokens) and (back.padding is None) == (
+            c.padding is None
+        )
+
+
+def test_a_group_that_is_not_whole_batches_is_refused():
+    with pytest.raises(ValueError, match="not 3 batches"):
+        batchmsg.group_messages(
+            _job(), [0, 1, 2], 0, 1, [0, 0, 0], _compact(4, 16, np.uint16, False, 1)
+        )

@@ -146,14 +146,15 @@ def fingerprint_header(c: Compact) -> bytes:
     """What a fingerprint hashes first: the same for every batch of one shape, dtype and
     padding (or none)."""
     code = _TOKEN_CODES[np.dtype(c.tokens.dtype)]
-    return _header(c.rows, c.seq_len, code, c.padding is not None)
+    return shape_header(c.rows, c.seq_len, code, c.padding is not None)
 
 
 _HEADERS: dict[tuple[int, int, int, bool], bytes] = {}
 HEADERS_MAX = 1024  # shapes remembered
 
 
-def _header(rows: int, seq_len: int, code: int, padded: bool) -> bytes:
+def shape_header(rows: int, seq_len: int, code: int, padded: bool) -> bytes:
+    """`fingerprint_header` of a batch of this shape, token dtype code and padding (or none)."""
     key = (rows, seq_len, code, padded)
     found = _HEADERS.get(key)
     if found is None:
@@ -167,7 +168,7 @@ def fingerprint(c: Compact, header: bytes | None = None) -> str:
     """`header`: `fingerprint_header(c)`, kept by a caller that fingerprints many batches of
     one shape (a server's stream)."""
     # `.data`: the contiguous array's own bytes, without a copy.
-    return _digest(
+    return digest(
         fingerprint_header(c) if header is None else header,
         np.ascontiguousarray(c.tokens).data,
         np.ascontiguousarray(c.starts).data,
@@ -179,7 +180,7 @@ def fingerprint(c: Compact, header: bytes | None = None) -> str:
 _Bytes = bytes | memoryview
 
 
-def _digest(
+def digest(
     header: bytes, tokens: _Bytes, starts: _Bytes, splits: _Bytes, padding: _Bytes | None
 ) -> str:
     """The hex xxh3-128 of a header and a batch's compact bytes, in the fingerprint's order:
@@ -296,8 +297,8 @@ def decode(msg: pb.Batch, verify: bool = True) -> Compact:
         if padding.max() > seq_len:
             raise WireError(f"padding of more than {seq_len} slots")
     if verify:
-        header = _header(rows, seq_len, code, padding is not None)
-        got = _digest(header, raw_tokens, raw_starts, raw_splits, raw_padding or None)
+        header = shape_header(rows, seq_len, code, padding is not None)
+        got = digest(header, raw_tokens, raw_starts, raw_splits, raw_padding or None)
         if got != msg.fingerprint:
             raise WireError(
                 f"batch fingerprint mismatch: computed {got}, server sent {msg.fingerprint}"

@@ -362,6 +362,9 @@ class Job:
     def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         return self.assembler.assemble_steps(plan, steps)
 
+    def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
+        return self.assembler.assemble_group(plan, steps)
+
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, the five int32 arrays [rows, seq_len]) of one rank's slice,
         expanded as the client expands the wire form."""

@@ -196,15 +196,25 @@ class Assembler:
     def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
         """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
         one pass, then cut into the steps' batches, each with the epoch of its first row."""
+        epochs, whole = self.assemble_group(plan, steps)
         if steps == 1:
-            return [self.assemble(plan)]
+            return [(epochs[0], whole)]
+        return list(zip(epochs, wire.split_rows(whole, plan.rows // steps, steps), strict=True))
+
+    def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
+        """(epoch of each step's first row, the steps' batches as one compact batch, one after
+        another): a plan of several steps assembled in one pass, left whole for a stream to
+        serialize its batches from (serve/batchmsg.group_messages)."""
+        if steps == 1:
+            epoch, whole = self.assemble(plan)
+            return [epoch], whole
         whole = self._compact(plan)
         per_step = plan.rows // steps
         epochs = np.zeros(steps, dtype=np.int64)
         for part in plan.parts:
             first = part.slots % per_step == 0
             epochs[part.slots[first] // per_step] = part.epochs[first]
-        return list(zip(epochs.tolist(), wire.split_rows(whole, per_step, steps), strict=True))
+        return epochs.tolist(), whole
 
     def _assemble_bestfit(self, plan: RowPlan) -> dict[str, np.ndarray]:
         out = {

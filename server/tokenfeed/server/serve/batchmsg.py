@@ -114,61 +114,94 @@ def batch_messages(
     built: Sequence[tuple[int, wire.Compact]],
 ) -> list[tuple[bytes, int]]:
     """Each step's serialized tokenfeed.v1.Batch from its (epoch, compact batch), and the bytes
-    of its compact arrays. The fields that stay the same along a stream are serialized once
-    (`_Heads`); the token array is appended as field 13 (a message's fields may come in any
-    order), so its bytes are copied once, straight from the assembled array (bench/, wire).
+    of its compact arrays: `group_messages` of each batch alone (batches of any shapes)."""
+    out: list[tuple[bytes, int]] = []
+    for step, (epoch, compact) in zip(steps, built, strict=True):
+        out += group_messages(job, [step], rank, world_size, [epoch], compact)
+    return out
 
-    The job's fields are read once for all the batches: they are made in one stretch of the
-    event loop, which nothing changes in between. A stream's batches of one shape and phase
-    (a group's) look their fields and fingerprint header up once, not once a batch."""
+
+def group_messages(
+    job: Job,
+    steps: Sequence[int],
+    rank: int,
+    world_size: int,
+    epochs: Sequence[int],
+    whole: wire.Compact,
+) -> list[tuple[bytes, int]]:
+    """The serialized tokenfeed.v1.Batch of each of a group's steps, and the bytes of its
+    compact arrays, from the group's rows assembled as one compact batch (`whole`: the steps'
+    batches one after another, as many rows each; `wire.split_rows` cuts the same batches).
+    Each message's arrays and fingerprint are slices of the group's buffers, so a batch costs
+    no numpy call; its bytes are those of the batch cut alone (tests/unit/test_batchmsg.py).
+
+    The fields that stay the same along a stream are serialized once (`_Heads`); the token
+    array is appended as field 13 (a message's fields may come in any order), so its bytes are
+    copied once, straight from the assembled array (bench/, wire). The job's fields are read
+    once for the group: it is made in one stretch of the event loop, which nothing changes in
+    between; a phase's fields and fingerprint header are looked up once, not once a batch."""
+    n = len(steps)
+    tokens = np.ascontiguousarray(whole.tokens)
+    if n < 1 or len(epochs) != n or len(tokens) % n:
+        raise ValueError(f"{len(tokens)} rows are not {n} batches of one shape")
+    per, seq_len = len(tokens) // n, whole.seq_len
+    code = wire.token_code(tokens.dtype)
     name, job_fingerprint, version = job.name, job.fingerprint, job.plans.version
+    # Each batch's row splits, from its own first start (as split_rows cuts them).
+    every = np.asarray(whole.row_splits, dtype="<i4")
+    bounds = every[np.arange(n + 1) * per]
+    splits = np.empty((n, per + 1), dtype="<i4")
+    splits[:, :per] = every[:-1].reshape(n, per) - bounds[:-1, None]
+    splits[:, per] = bounds[1:] - bounds[:-1]
+    starts = np.ascontiguousarray(whole.starts)
+    token_bytes, start_bytes = tokens.data.cast("B"), starts.data.cast("B")
+    split_bytes = splits.data.cast("B")
+    tokens_each, splits_each, start_size = tokens.nbytes // n, splits.nbytes // n, starts.itemsize
+    at = [a * start_size for a in bounds.tolist()]
+    paddings: list[bytes] = [b""] * n
+    if whole.padding is not None:  # a group's batch without padding travels without (None)
+        pads = np.asarray(whole.padding).reshape(n, per)
+        used: list[bool] = [True] if n == 1 else np.any(pads, axis=1).tolist()
+        paddings = [p.tobytes() if u else b"" for p, u in zip(pads, used, strict=True)]
     # Steps in one phase share its fields: phases are intervals of steps.
     low, high = min(steps), max(steps)
     one_phase = job.plan_of(low) if job.plans.same_phase(low, high) else None
     known: dict[tuple, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
     out = []
-    for step, (epoch, compact) in zip(steps, built, strict=True):
-        tokens = np.ascontiguousarray(compact.tokens)
+    for i, (step, epoch, padding) in enumerate(zip(steps, epochs, paddings, strict=True)):
         phase = one_phase or job.plan_of(step)
-        shape = (tokens.shape, tokens.dtype, compact.padding is None, phase)
-        found = known.get(shape)
+        padded = whole.padding is not None and (n == 1 or bool(padding))
+        found = known.get((phase, padded))
         if found is None:
-            key = (
-                name,
-                rank,
-                world_size,
-                job_fingerprint,
-                compact.rows,
-                compact.seq_len,
-                wire.token_code(tokens.dtype),
-                *phase,
-                version,
+            head, ranks, fields, plan = _heads.of(
+                (name, rank, world_size, job_fingerprint, per, seq_len, code, *phase, version)
             )
-            head, ranks, fields, plan = _heads.of(key)
             # What the shape decides, joined once: the tokens' length is the shape's.
-            found = known[shape] = (
+            found = known[(phase, padded)] = (
                 head,
                 ranks + _FINGERPRINT,
                 fields,
-                plan + _TOKENS + _varint(tokens.nbytes),
-                wire.fingerprint_header(compact),
+                plan + _TOKENS + _varint(tokens_each),
+                wire.shape_header(per, seq_len, code, padded),
             )
         head, ranks, fields, plan, header = found
-        starts = np.ascontiguousarray(compact.starts).data.cast("B")
-        splits = np.ascontiguousarray(compact.row_splits, dtype="<i4").data.cast("B")
-        padding = b"" if compact.padding is None else compact.padding.tobytes()
-        fingerprint = wire.fingerprint(compact, header).encode()
+        token_part = token_bytes[i * tokens_each : (i + 1) * tokens_each]
+        start_part = start_bytes[at[i] : at[i + 1]]
+        split_part = split_bytes[i * splits_each : (i + 1) * splits_each]
+        fingerprint = wire.digest(
+            header, token_part, start_part, split_part, padding if padded else None
+        )
         parts: list[bytes | memoryview] = [head]
         if step:
             parts += (_STEP, _varint(step))
-        parts += (ranks, _varint(len(fingerprint)), fingerprint)
+        parts += (ranks, _varint(len(fingerprint)), fingerprint.encode())
         if epoch:
             parts += (_EPOCH, _varint(epoch))
         parts.append(fields)
-        for tag, data in ((_STARTS, starts), (_ROW_SPLITS, splits), (_PADDING, padding)):
+        for tag, data in ((_STARTS, start_part), (_ROW_SPLITS, split_part), (_PADDING, padding)):
             if len(data):
                 parts += (tag, _varint(len(data)), data)
-        parts += (plan, tokens.data)
-        payload = tokens.nbytes + len(starts) + len(splits) + len(padding)
+        parts += (plan, token_part)
+        payload = tokens_each + len(start_part) + splits_each + len(padding)
         out.append((b"".join(parts), payload))
     return out

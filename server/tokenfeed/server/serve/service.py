@@ -165,7 +165,7 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         ws = request.world_size or 1
         job = await self._checked_job(request.job, request.step, request.rank, ws)
         plan = await self.make.plan(job, [request.step], request.rank, ws, context)
-        [(_, compact)] = await self.make.built(job, plan, 1)
+        _, compact = await self.make.built(job, plan, 1)
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, explain, job, request.step, request.rank, ws)
         return pb.Explanation(

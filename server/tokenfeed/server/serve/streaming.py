@@ -14,7 +14,7 @@ from typing import Any
 from tokenfeed.client import wire
 from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.sampling.planner import RowPlan
-from tokenfeed.server.serve.batchmsg import batch_messages
+from tokenfeed.server.serve.batchmsg import group_messages
 from tokenfeed.server.telemetry import metrics
 
 # Steps a stream assembles in one pass: small batches pay their fixed costs (numpy calls, pins,
@@ -105,11 +105,12 @@ class BatchMaker:
         await job.plans.through(steps[-1], self.io)  # never planned from a plan not final
         return await job.plan_when_built(steps, rank, world_size, self.wait(context))
 
-    async def built(self, job: Job, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
-        """(epoch, compact batch) of each of a plan's `steps` steps, assembled in one pass."""
+    async def built(self, job: Job, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
+        """(epoch of each step's first row, the batches of a plan's `steps` steps as one compact
+        batch, one after another), assembled in one pass."""
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
-            return job.assemble_steps(plan, steps)
+            return job.assemble_group(plan, steps)
 
     async def open_ahead(self, job: Job, plan: RowPlan) -> None:
         """A plan's chunks opened and its row buffers laid out before it is served; a failure
@@ -129,12 +130,12 @@ class BatchMaker:
         and are built together: its last step is noted for all of them (a rank's progress is
         its latest step; a worker's notes to its supervisor keep only that one too)."""
         job.note_request(steps[-1], rank, world_size)
-        built = await self.built(job, plan, len(steps))
+        epochs, whole = await self.built(job, plan, len(steps))
         out, sent = [], 0
-        for message, payload in batch_messages(job, steps, rank, world_size, built):
+        for message, payload in group_messages(job, steps, rank, world_size, epochs, whole):
             out.append(message)
             sent += payload
-        tokens = sum(compact.rows * compact.seq_len for _, compact in built)
+        tokens = whole.rows * whole.seq_len
         job.note_served(tokens)
         served_tokens, served_bytes = self.served_metrics(job.name)
         served_tokens.inc(tokens)
