@@ -46,9 +46,9 @@ class Recorder(Callback):
         if LOSS in metrics:
             self.losses[step - 1] = metrics[LOSS]
 
-    def finish(self) -> None:
+    def losses_in_order(self) -> None:
+        """The record's losses, step by step (common.finish writes the record)."""
         self.record.losses = [self.losses[s] for s in self.record.steps]
-        self.record.write()
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
         },
     ).build(train_module, loader)
     trainer.fit()
-    recorder.finish()
+    recorder.losses_in_order()
     finish(a, record, feed)
 
 
