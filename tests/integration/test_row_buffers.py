@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from support import built_job, job_spec
+from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import RequestError
 from tokenfeed.server.pack import rowlayout
@@ -24,7 +25,8 @@ def _assembled(job, plan, steps: int):
     async def run():
         with ThreadPoolExecutor(2) as pool:
             await job.open_chunks(plan, pool)
-        return job.assemble_steps(plan, steps)
+        epochs, whole = job.assemble_group(plan, steps)
+        return list(zip(epochs, wire.split_rows(whole, whole.rows // steps, steps), strict=True))
 
     return asyncio.run(run())
 

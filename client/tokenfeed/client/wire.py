@@ -103,9 +103,10 @@ def slice_rows(c: Compact, lo: int, hi: int) -> Compact:
 
 
 def split_rows(c: Compact, per: int, steps: int) -> list[Compact]:
-    """`slice_rows` of rows [i * per, (i + 1) * per) for each of `steps` batches (a server's
-    group of steps cut into their batches): the row splits of them all cut in one pass, not
-    one subtraction a batch."""
+    """`slice_rows` of rows [i * per, (i + 1) * per) for each of `steps` batches: a server's
+    group of steps cut into its batches, as their messages carry them (the server's
+    `batchmsg.group_messages` slices the same bytes; its tests check one against the other).
+    The row splits of them all are cut in one pass, not one subtraction a batch."""
     n = steps * per
     if n > c.rows or per < 1:
         raise ValueError(f"{steps} batches of {per} rows are not in {c.rows} rows")

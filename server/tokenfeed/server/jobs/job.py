@@ -359,9 +359,6 @@ class Job:
     def assemble(self, plan: RowPlan) -> tuple[int, wire.Compact]:
         return self.assembler.assemble(plan)
 
-    def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
-        return self.assembler.assemble_steps(plan, steps)
-
     def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
         return self.assembler.assemble_group(plan, steps)
 

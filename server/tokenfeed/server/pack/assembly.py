@@ -193,14 +193,6 @@ class Assembler:
                 out[name][part.slots] = arr
         return out
 
-    def assemble_steps(self, plan: RowPlan, steps: int) -> list[tuple[int, wire.Compact]]:
-        """`assemble` of a plan of several steps (Planner.plan_steps): the whole assembled in
-        one pass, then cut into the steps' batches, each with the epoch of its first row."""
-        epochs, whole = self.assemble_group(plan, steps)
-        if steps == 1:
-            return [(epochs[0], whole)]
-        return list(zip(epochs, wire.split_rows(whole, plan.rows // steps, steps), strict=True))
-
     def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
         """(epoch of each step's first row, the steps' batches as one compact batch, one after
         another): a plan of several steps assembled in one pass, left whole for a stream to
