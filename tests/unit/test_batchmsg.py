@@ -15,8 +15,14 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 
 def _message(job, step: int, rank: int, world: int, epoch: int, c: wire.Compact):
-    """One batch's message and payload bytes (a group of one)."""
-    return batchmsg.batch_messages(job, [step], rank, world, [(epoch, c)])[0]
+    """One batch's message and payload bytes (a group of one, as GetBatch makes it)."""
+    [one] = batchmsg.group_messages(job, [step], rank, world, [epoch], c)
+    return one
+
+
+def _each_alone(job, steps, rank: int, world: int, built) -> list:
+    """Each batch's message made alone (a group of one), in order: batches of any shapes."""
+    return [_message(job, s, rank, world, e, c) for s, (e, c) in zip(steps, built, strict=True)]
 
 
 def _job(name="job-a", fingerprint="f" * 32, phases=((0, "p0"),), version=3):
@@ -98,23 +104,6 @@ def test_tokens_of_a_dtype_the_wire_cannot_carry_are_refused():
         _message(_job(), 1, 0, 1, 0, bad)
 
 
-@pytest.mark.parametrize("first", [0, 125, 16_380, 2**21 - 3])
-def test_a_groups_messages_are_each_batchs_own_across_phases_shapes_and_varint_sizes(first):
-    """One call for a group (as a stream makes them): the job's fields read once, a phase's
-    and a shape's looked up once, steps and lengths around a varint's size changes."""
-    job = _job("g", phases=((0, "first"), (first + 3, "second")))
-    steps = list(range(first, first + 8))
-    built = [(s % 3 - 1, _compact(2, 64, np.uint16, s % 2 == 0, seed=s)) for s in steps[:-2]]
-    built.append((1, _compact(2, 64, np.int32, False, seed=1)))  # another dtype
-    built.append((1, _compact(3, 32, np.uint16, False, seed=2)))  # another shape
-    got = batchmsg.batch_messages(job, steps, 2, 4, built)
-    for step, (epoch, c), (message, payload) in zip(steps, built, got, strict=True):
-        assert message == _protobuf(job, step, 2, 4, epoch, c)
-        assert (message, payload) == _message(job, step, 2, 4, epoch, c)
-    one = batchmsg.batch_messages(job, steps[:3], 2, 4, built[:3])  # all in the first phase
-    assert [m for m, _ in one] == [m for m, _ in got[:3]]
-
-
 def test_varints_are_protobufs():
     assert batchmsg._varint(0) == b"\x00"
     for n in [*range(1, 300), 16_383, 16_384, 2**21 - 1, 2**21, 2**63 - 1, -1, -(2**63)]:
@@ -125,15 +114,18 @@ def test_varints_are_protobufs():
     ("steps", "per", "dtype", "padded", "first"),
     [
         (24, 8, np.uint16, None, 0),  # a stream's usual group
-        (3, 32, np.int32, None, 16_382),  # steps across a varint's size change
+        (24, 2, np.uint16, None, 113),  # steps across a varint's size change (128)
+        (3, 32, np.int32, None, 16_382),  # and the next (16,384)
+        (6, 2, np.uint16, None, 2**21 - 3),  # and the next
         (5, 4, np.uint16, "some", 7),  # padding in some batches only: the others travel without
         (4, 2, np.uint16, "all", 1),
         (2, 1, np.int32, "some", 0),
     ],
 )
 def test_a_groups_messages_are_those_of_its_batches_cut_alone(steps, per, dtype, padded, first):
-    """group_messages (a stream's group, its arrays sliced from the group's buffers) makes each
-    batch's message of split_rows' cut of it, byte for byte, across a phase change."""
+    """group_messages (a stream's group, its arrays sliced from the group's buffers, the job's
+    fields read once, a phase's looked up once) makes each batch's message of split_rows' cut
+    of it made alone, byte for byte, across a phase change and varints' size changes."""
     job = _job("g", phases=((0, "first"), (first + steps // 2, "second")))
     rng = np.random.default_rng(steps * per)
     seq_len = 64
@@ -153,7 +145,7 @@ def test_a_groups_messages_are_those_of_its_batches_cut_alone(steps, per, dtype,
     epochs = [s % 3 for s in numbers]
     got = batchmsg.group_messages(job, numbers, 1, 2, epochs, whole)
     cut = wire.split_rows(whole, per, steps)
-    assert got == batchmsg.batch_messages(job, numbers, 1, 2, list(zip(epochs, cut, strict=True)))
+    assert got == _each_alone(job, numbers, 1, 2, list(zip(epochs, cut, strict=True)))
     for step, epoch, c, (message, _) in zip(numbers, epochs, cut, got, strict=True):
         assert message == _protobuf(job, step, 1, 2, epoch, c)
         back = wire.decode(pb.Batch.FromString(message))  # its fingerprint checks

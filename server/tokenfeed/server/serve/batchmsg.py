@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def serialized(message: bytes) -> bytes:
-    """Batches leave the servicer serialized (`batch_messages`)."""
+    """Batches leave the servicer serialized (`group_messages`)."""
     return message
 
 
@@ -104,21 +104,6 @@ def _pieces(
 
 
 _heads = _Heads()
-
-
-def batch_messages(
-    job: Job,
-    steps: Sequence[int],
-    rank: int,
-    world_size: int,
-    built: Sequence[tuple[int, wire.Compact]],
-) -> list[tuple[bytes, int]]:
-    """Each step's serialized tokenfeed.v1.Batch from its (epoch, compact batch), and the bytes
-    of its compact arrays: `group_messages` of each batch alone (batches of any shapes)."""
-    out: list[tuple[bytes, int]] = []
-    for step, (epoch, compact) in zip(steps, built, strict=True):
-        out += group_messages(job, [step], rank, world_size, [epoch], compact)
-    return out
 
 
 def group_messages(
