@@ -266,7 +266,13 @@ def test_growing_and_shrinking_the_fleet_changes_no_batch(tmp_path, corpus):
     # over; the stream segments after it, about 0.2 s each, go to the servers that remain.)
     last = {addr for r in range(world) for _, addr in seen[r][-3:]}
     assert before == {servers[0].address}
-    assert len({addr for r in range(world) for _, addr in seen[r]}) == 3, "the new servers served"
+    # The servers that became ranks' homes on the grown fleet served them. Which ones they are
+    # depends on the ports (rendezvous hashing): with 8 ranks, about one run in 26 homes none
+    # on a given new server, so the test asks for the homes, not for all three servers.
+    homes = {rendezvous([s.address for s in servers], "main", r)[0] for r in range(world)}
+    served = {addr for r in range(world) for _, addr in seen[r]}
+    assert homes != {servers[0].address}, "no rank's home moved (about one run in 6,500)"
+    assert homes <= served, f"the new servers served: homes {homes}, served {served}"
     assert leaving.address not in last, "the ranks moved off the removed server"
     print(f"\nfleet 1 -> 3 -> 2 servers, {world} ranks x {steps} steps: every batch equal")
 
