@@ -102,18 +102,25 @@ def slice_rows(c: Compact, lo: int, hi: int) -> Compact:
     return Compact(c.tokens[lo:hi], c.starts[a:b], c.row_splits[lo : hi + 1] - a, padding)
 
 
+def cut_splits(row_splits: np.ndarray, per: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each of `steps` batches of `per` rows starts among the starts, each batch's own
+    row splits [steps, per + 1]) of a group's row splits: all cut in one pass, not one
+    subtraction a batch (split_rows, and the server's batchmsg.group_messages)."""
+    bounds = row_splits[np.arange(steps + 1) * per]
+    splits = np.empty((steps, per + 1), dtype=row_splits.dtype)
+    splits[:, :per] = row_splits[: steps * per].reshape(steps, per) - bounds[:-1, None]
+    splits[:, per] = bounds[1:] - bounds[:-1]
+    return bounds, splits
+
+
 def split_rows(c: Compact, per: int, steps: int) -> list[Compact]:
     """`slice_rows` of rows [i * per, (i + 1) * per) for each of `steps` batches: a server's
     group of steps cut into its batches, as their messages carry them (the server's
-    `batchmsg.group_messages` slices the same bytes; its tests check one against the other).
-    The row splits of them all are cut in one pass, not one subtraction a batch."""
+    `batchmsg.group_messages` slices the same bytes; its tests check one against the other)."""
     n = steps * per
     if n > c.rows or per < 1:
         raise ValueError(f"{steps} batches of {per} rows are not in {c.rows} rows")
-    bounds = c.row_splits[: n + 1 : per]
-    splits = np.empty((steps, per + 1), dtype=c.row_splits.dtype)
-    splits[:, :per] = c.row_splits[:n].reshape(steps, per) - bounds[:-1, None]
-    splits[:, per] = bounds[1:] - bounds[:-1]
+    bounds, splits = cut_splits(c.row_splits, per, steps)
     padding: list[np.ndarray | None] = [None] * steps
     if c.padding is not None:
         pads = c.padding[:n].reshape(steps, per)
@@ -165,12 +172,11 @@ def shape_header(rows: int, seq_len: int, code: int, padded: bool) -> bytes:
     return found
 
 
-def fingerprint(c: Compact, header: bytes | None = None) -> str:
-    """`header`: `fingerprint_header(c)`, kept by a caller that fingerprints many batches of
-    one shape (a server's stream)."""
+def fingerprint(c: Compact) -> str:
+    """The batch's fingerprint (`digest` of its header and compact arrays)."""
     # `.data`: the contiguous array's own bytes, without a copy.
     return digest(
-        fingerprint_header(c) if header is None else header,
+        fingerprint_header(c),
         np.ascontiguousarray(c.tokens).data,
         np.ascontiguousarray(c.starts).data,
         np.ascontiguousarray(c.row_splits).data,

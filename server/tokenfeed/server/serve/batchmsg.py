@@ -133,11 +133,7 @@ def group_messages(
     code = wire.token_code(tokens.dtype)
     name, job_fingerprint, version = job.name, job.fingerprint, job.plans.version
     # Each batch's row splits, from its own first start (as split_rows cuts them).
-    every = np.asarray(whole.row_splits, dtype="<i4")
-    bounds = every[np.arange(n + 1) * per]
-    splits = np.empty((n, per + 1), dtype="<i4")
-    splits[:, :per] = every[:-1].reshape(n, per) - bounds[:-1, None]
-    splits[:, per] = bounds[1:] - bounds[:-1]
+    bounds, splits = wire.cut_splits(np.asarray(whole.row_splits, dtype="<i4"), per, n)
     starts = np.ascontiguousarray(whole.starts)
     token_bytes, start_bytes = tokens.data.cast("B"), starts.data.cast("B")
     split_bytes = splits.data.cast("B")
