@@ -25,7 +25,7 @@ import sys
 import time
 
 import grpc
-from tokenfeed.client import Client, keep_freed_memory
+from tokenfeed.client import Client
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -132,6 +132,10 @@ def main() -> None:
     )
     a = parser.parse_args()
     if a.keep_freed_memory:
+        # Imported here: `--before REV` runs this script over an earlier client, which may
+        # predate it.
+        from tokenfeed.client import keep_freed_memory
+
         keep_freed_memory()
     figures = consume(
         a.target, a.job, a.start, a.steps, a.mode, a.rank, a.world, a.wrap, a.sync, a.prefetch
