@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The server's C extension (setup.py), rebuilt in place when its source changes.
+NATIVE := $(VENV)/.native
 
 .PHONY: env tools demo test test-unit check lint types protos config-docs bench bench-quick clean
 
-env: $(STAMP)
+env: $(STAMP) $(NATIVE)
 
 $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +18,12 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	# MDSWriter for the tests, without the dependencies it declares (tests/formats.py says why).
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mosaicml-streaming
 	touch $(STAMP)
+
+$(NATIVE): $(STAMP) setup.py server/tokenfeed/server/pack/_gather.c
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@$(PY) -c "from tokenfeed.server.pack import gather as g; g.NATIVE or print('warning: \
+	no C compiler, so no tokenfeed.server.pack._gather: serving copies with numpy (slower)')"
+	touch $(NATIVE)
 
 demo: env
 	$(PY) -m tokenfeed.server.commands.demo

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from tokenfeed.server.pack import gather as ranges
 from tokenfeed.server.pack.packing import ChunkStream, Int64s, concat_tensors, fill_concat
 from tokenfeed.server.sampling.order import RowStarts
 
@@ -140,9 +141,12 @@ def _joined(
     stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
 ) -> np.ndarray:
     """The stream and its tail as one read-only array: every document's tokens (a slice of the
-    chunk's, in the wire's dtype already), BOS and EOS, and the tail pieces, joined by one
-    bytes.join: half the CPU of a slice assignment per document, and no index per token
-    (bench/, wire section)."""
+    chunk's, in the wire's dtype already), BOS and EOS, and the tail pieces. With the C
+    extension (gather.py) one range copy a document in one call, the GIL released, then BOS
+    and EOS set by index; without it one bytes.join (GIL held), half the CPU of a slice
+    assignment per document and no index per token (bench/, wire section)."""
+    if ranges.NATIVE:
+        return _gathered(stream, tokens, tail, bos_id, eos_id)
     size = tokens.dtype.itemsize
     raw = np.ascontiguousarray(tokens).data.cast("B")
     seg = stream.seg_starts
@@ -156,6 +160,31 @@ def _joined(
         parts[0::per] = [np.array([bos_id], tokens.dtype).tobytes()] * n
     parts += [np.ascontiguousarray(t.ids, tokens.dtype).data.cast("B") for t in tail]
     return np.frombuffer(b"".join(parts), dtype=tokens.dtype)
+
+
+def _gathered(
+    stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
+) -> np.ndarray:
+    """`_joined` by gather.py's C range copies: the same array."""
+    seg, n, total = stream.seg_starts, len(stream.doc_starts), stream.total
+    pieces = [np.ascontiguousarray(t.ids, tokens.dtype) for t in tail]
+    sizes = np.array([len(p) for p in pieces], dtype=np.int64)
+    ids = np.empty(total + int(sizes.sum()), dtype=tokens.dtype)
+    body = seg[:-1] + stream.bos  # each document's tokens go to [body, its EOS)
+    ranges.gather(
+        ids,
+        np.concatenate((body, total + np.cumsum(sizes) - sizes)),
+        [np.ascontiguousarray(tokens), *pieces],
+        np.concatenate((np.zeros(n, dtype=np.int64), np.arange(1, len(pieces) + 1))),
+        np.concatenate((stream.doc_starts, np.zeros(len(pieces), dtype=np.int64))),
+        np.concatenate((seg[1:] - 1 - body, sizes)),
+        release_gil=True,  # a layout thread: the serving thread runs meanwhile
+    )
+    ids[seg[1:] - 1] = eos_id
+    if stream.bos:
+        ids[seg[:-1]] = bos_id
+    ids.flags.writeable = False
+    return ids
 
 
 def assemble_rows(
@@ -172,12 +201,11 @@ def assemble_rows(
     positions [starts.lo[i], starts.lo[i] + seq_len + 1) of `buffer(dataset, starts.epoch[i],
     starts.chunk[i], starts.position[i])`. Every place must be filled exactly once.
 
-    Per batch: one copy of all rows, and one binary search call and one gather for the starts
-    of all rows, whatever buffers they come from. Rows are grouped by buffer in C-level dict
-    and map calls and their row views made by map: no Python bytecode per row (a batch's rows
-    come from a few buffers, shuffled, so per-buffer numpy calls cost as much as per-row
-    slices). About 0.84x the CPU of a per-row loop at 8 [8, 2048] batches, 0.92x at
-    [32, 4096] (the wire bench's calls recorded and replayed, min of 15: this change's commit).
+    Per batch: one copy of all rows (`_rows`: one call of gather.py's range copies),
+    and one binary search call and one gather for the starts of all rows, whatever buffers
+    they come from. Rows are grouped by buffer in C-level dict and map calls: no Python
+    bytecode per row (a batch's rows come from a few buffers, shuffled, so per-buffer numpy
+    calls cost as much as per-row slices).
     A buffer's starts are positions inside it (`RowBuffer`)."""
     span = seq_len + 1
     buffers: list[RowBuffer] = []
@@ -207,17 +235,7 @@ def assemble_rows(
         of, lo = of[order], lo[order]
     if rows and int(lo.min()) < 0:
         raise ValueError(f"a row starts before its buffer (at {int(lo.min())})")
-    ids = [b.ids for b in buffers]
-    # A row reaching past its buffer's end is short: the copy below then refuses.
-    views: list[np.ndarray] = list(
-        map(
-            np.ndarray.__getitem__,
-            map(ids.__getitem__, of.tolist()),
-            map(slice, lo.tolist(), (lo + span).tolist()),
-        )
-    )
-    out = np.empty((rows, span), dtype=dtype)
-    np.concatenate(views, out=out.reshape(-1))  # one copy of every row, in one call
+    out = _rows(buffers, of, lo, rows, span, np.dtype(dtype))
     # The buffers' starts (positions inside them) as one sorted array: buffer k's shifted by
     # k * big, past every position of the buffers before it, and each row's bounds with them.
     starts = [b.starts for b in buffers]
@@ -235,3 +253,27 @@ def assemble_rows(
     np.add.accumulate(counts, dtype=np.int32, out=splits[1:])
     at = np.arange(int(splits[-1]), dtype=np.int64) + np.repeat(first - splits[:-1], counts)
     return out, joined[at] - np.repeat(base, counts), splits
+
+
+def _rows(
+    buffers: Sequence[RowBuffer], of: Int64s, lo: Int64s, rows: int, span: int, dtype: np.dtype
+) -> np.ndarray:
+    """Row i: positions [lo[i], lo[i] + span) of buffers[of[i]], as [rows, span] in `dtype`,
+    in one call: gather.py's range copies (the GIL kept: gather.py says why) where every
+    buffer is of `dtype`, else one np.concatenate of the rows' views. A row reaching past
+    its buffer's end is refused (ValueError) either way."""
+    ids = [b.ids for b in buffers]
+    out = np.empty((rows, span), dtype=dtype)
+    if ranges.NATIVE and all(a.dtype == dtype and a.flags.c_contiguous for a in ids):
+        ranges.gather(out, np.arange(0, rows * span, span), ids, of, lo, np.full(rows, span))
+        return out
+    views: list[np.ndarray] = list(
+        map(
+            np.ndarray.__getitem__,
+            map(ids.__getitem__, of.tolist()),
+            map(slice, lo.tolist(), (lo + span).tolist()),
+        )
+    )
+    if views:
+        np.concatenate(views, out=out.reshape(-1))  # one copy of every row, in one call
+    return out

@@ -1,0 +1,85 @@
+"""Range copies between arrays of one dtype: `gather(dst, dst_at, sources, which, src_at,
+lengths)` copies, for each i, `lengths[i]` items of `sources[which[i]]` from item `src_at[i]`
+into `dst` at item `dst_at[i]`. Every range is checked before anything is copied (ValueError
+naming the range).
+
+The memory moves of serving go through it: a chunk's documents laid out as its row buffer
+(rowlayout.row_buffer) and a batch's rows cut from row buffers (rowlayout.assemble_rows), each
+in one call into C (_gather.c, built with the package where a C compiler is present). A
+layout thread asks for the GIL to be released while it copies (`release_gil`), so it no longer
+holds the interpreter that the serving thread needs. The serving thread's own copies keep it:
+a thread that lets go of the GIL waits up to the switch interval (5 ms) to get it back from a
+thread running Python, far longer than a group's rows take to copy. Where the extension is not
+built the same copies run as numpy slice assignments (`NATIVE` says which), GIL held; both
+give the same bytes (tests/unit/test_gather.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+
+import numpy as np
+
+_gather: ModuleType | None
+try:
+    from tokenfeed.server.pack import _gather
+except ImportError:  # built without a C compiler: the numpy twin below
+    _gather = None
+
+NATIVE = _gather is not None
+
+
+def _int64(a: np.ndarray | Sequence[int]) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def gather(
+    dst: np.ndarray,
+    dst_at: np.ndarray | Sequence[int],
+    sources: Sequence[np.ndarray],
+    which: np.ndarray | Sequence[int],
+    src_at: np.ndarray | Sequence[int],
+    lengths: np.ndarray | Sequence[int],
+    release_gil: bool = False,
+) -> None:
+    """Copy the ranges into `dst` (C-contiguous, writable; every source of dst's dtype)."""
+    for s in sources:
+        if s.dtype != dst.dtype:
+            raise TypeError(f"a source of {s.dtype} for a destination of {dst.dtype}")
+    args = (_int64(dst_at), _int64(which), _int64(src_at), _int64(lengths))
+    if _gather is not None and (not sources or all(s.flags.c_contiguous for s in sources)):
+        to, k, frm, n = args
+        _gather.gather(dst, to, sources, k, frm, n, dst.dtype.itemsize, release_gil)
+        return
+    _gather_numpy(dst, sources, *args)
+
+
+def _gather_numpy(
+    dst: np.ndarray,
+    sources: Sequence[np.ndarray],
+    to: np.ndarray,
+    which: np.ndarray,
+    frm: np.ndarray,
+    n: np.ndarray,
+) -> None:
+    if not (len(to) == len(which) == len(frm) == len(n)):
+        raise ValueError(
+            "dst_at, which, src_at and lengths differ in length "
+            f"({len(to)}, {len(which)}, {len(frm)}, {len(n)})"
+        )
+    flat = dst.reshape(-1)
+    size = len(flat)
+    for i, (a, k, b, m) in enumerate(
+        zip(to.tolist(), which.tolist(), frm.tolist(), n.tolist(), strict=True)
+    ):
+        if not 0 <= k < len(sources):
+            raise ValueError(f"range {i} reads source {k} of {len(sources)}")
+        items = sources[k].size
+        if m < 0 or b < 0 or a < 0 or b > items - m or a > size - m:
+            raise ValueError(
+                f"range {i}: {m} items from {b} of a source of {items} to {a} of a "
+                f"destination of {size}"
+            )
+    for a, k, b, m in zip(to.tolist(), which.tolist(), frm.tolist(), n.tolist(), strict=True):
+        flat[a : a + m] = sources[k].reshape(-1)[b : b + m]
