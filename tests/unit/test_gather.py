@@ -90,6 +90,22 @@ def test_sources_of_another_dtype_are_refused():
         g.gather(np.zeros(4, np.int32), [0], [np.zeros(4, np.uint16)], [0], [0], [4])
 
 
+def test_a_destination_that_a_copy_would_miss_is_refused():
+    # A strided or read-only destination: the numpy twin would write into a reshaped copy.
+    for dst in (np.zeros((4, 4), np.int32)[:, ::2], np.zeros(4, np.int32)):
+        dst.flags.writeable = dst.base is not None
+        with pytest.raises(ValueError, match="writable C-contiguous"):
+            g.gather(dst, [0], [np.ones(2, np.int32)], [0], [0], [2])
+        assert not dst.any()
+
+
+def test_strided_sources_are_copied_whole():
+    src = np.arange(20, dtype=np.int32)[::2]  # 0, 2, 4, ...
+    dst = np.zeros(3, np.int32)
+    g.gather(dst, [0], [src], [0], [4], [3])
+    assert dst.tolist() == [8, 10, 12]
+
+
 @pytest.mark.parametrize("release", [True, False])
 def test_the_c_copies_let_other_threads_run_where_asked(release):
     """While the copies run with `release_gil`, a Python thread that waits for the GIL gets

@@ -43,16 +43,20 @@ def gather(
     lengths: np.ndarray | Sequence[int],
     release_gil: bool = False,
 ) -> None:
-    """Copy the ranges into `dst` (C-contiguous, writable; every source of dst's dtype)."""
+    """Copy the ranges into `dst` (C-contiguous, writable; every source of dst's dtype, made
+    contiguous here where it is not)."""
+    if not (dst.flags.c_contiguous and dst.flags.writeable):
+        raise ValueError("the destination must be a writable C-contiguous array")
     for s in sources:
         if s.dtype != dst.dtype:
             raise TypeError(f"a source of {s.dtype} for a destination of {dst.dtype}")
     args = (_int64(dst_at), _int64(which), _int64(src_at), _int64(lengths))
-    if _gather is not None and (not sources or all(s.flags.c_contiguous for s in sources)):
-        to, k, frm, n = args
-        _gather.gather(dst, to, sources, k, frm, n, dst.dtype.itemsize, release_gil)
+    if _gather is None:
+        _gather_numpy(dst, sources, *args)
         return
-    _gather_numpy(dst, sources, *args)
+    to, k, frm, n = args
+    whole = [np.ascontiguousarray(s) for s in sources]
+    _gather.gather(dst, to, whole, k, frm, n, dst.dtype.itemsize, release_gil)
 
 
 def _gather_numpy(

@@ -174,7 +174,7 @@ def _gathered(
     ranges.gather(
         ids,
         np.concatenate((body, total + np.cumsum(sizes) - sizes)),
-        [np.ascontiguousarray(tokens), *pieces],
+        [tokens, *pieces],
         np.concatenate((np.zeros(n, dtype=np.int64), np.arange(1, len(pieces) + 1))),
         np.concatenate((stream.doc_starts, np.zeros(len(pieces), dtype=np.int64))),
         np.concatenate((seg[1:] - 1 - body, sizes)),
@@ -264,7 +264,7 @@ def _rows(
     its buffer's end is refused (ValueError) either way."""
     ids = [b.ids for b in buffers]
     out = np.empty((rows, span), dtype=dtype)
-    if ranges.NATIVE and all(a.dtype == dtype and a.flags.c_contiguous for a in ids):
+    if ranges.NATIVE and all(a.dtype == dtype for a in ids):
         ranges.gather(out, np.arange(0, rows * span, span), ids, of, lo, np.full(rows, span))
         return out
     views: list[np.ndarray] = list(
