@@ -2,6 +2,7 @@
 (streaming on through epoch ends), against the bare transport of the same bytes, in one run.
 
     python -m bench.wire [--quick] [--before REV] [--workers 1,2] [--ranks 8] [--mb 31]
+                         [--warm-up-mb 640]
 
 - bare transport (the reference of every ratio): bench/transport.py, a grpc.aio server-stream
   of opaque messages of the same number of bytes as tokenfeed's batch messages of that case
@@ -19,6 +20,9 @@
   8 ranks of one job of [64, 2048] (8 rows a rank) in 8 consumer processes started together,
   with `server.workers` 1 and 2 (aggregate tokens/s: all tokens over the span from the first
   start to the last end);
+- warm-up: before its rounds, each server streams WARM_UP_BYTES of tokens of every job, more
+  than its row cache holds, so the rounds measure it in the steady state of a run (its row
+  buffers' memory reused, not faulted in new);
 - server CPU: user + system seconds of the server's processes over the measured streams, per
   million tokens, tokenfeed's and the bare server's;
 - `--before REV`: the same rows for the server and client of an earlier commit (a git worktree
@@ -57,6 +61,13 @@ CHUNK_BYTES = "2MiB"  # the corpus in about 16 chunks (window_chunks: the defaul
 START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
 SIZING_STEPS = 16  # steps streamed to learn a case's message size, from SIZING_START
 SIZING_START = 10**9  # an epoch that no measurement reaches
+# Before the rounds, each job streams this many bytes of tokens (uint16 here) from steps no
+# round reads: more than the server's row buffers hold (`server.stream_cache_bytes`, 512 MiB),
+# so its row cache is full and evicting, as in any run past its first seconds. Until then every
+# row buffer a process lays out is memory new to it, which the kernel faults in page by page
+# (about half the layout threads' CPU at [32, 4096]); after it, freed buffers' memory is reused.
+WARM_UP_BYTES = 640 * 2**20
+WARM_UP_START = 2 * 10**9
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,8 @@ class WireResult:
     chunk_bytes: str = CHUNK_BYTES
     tokens_per_epoch: int = 0
     steps_per_epoch: dict = field(default_factory=dict)  # job -> steps
+    warm_up_bytes: int = WARM_UP_BYTES  # of uint16 tokens per job before the rounds
+    warm_up_tokens: int = 0  # streamed per job before the rounds (`warm_up`)
 
 
 def job_name(rows: int, seq_len: int) -> str:
@@ -239,6 +252,7 @@ def measure_server(
         try:
             wait_ready(server.address, env, result)
             pids = pids_of(server)
+            warm_up(server.address, env, pids, result)
             cases = []
             for rows, seq_len in SHAPES:  # one consumer: also with workers, each row once
                 for reads in ("once", "warm") if n == 1 else ("once",):
@@ -273,6 +287,27 @@ def measure_server(
             server.stop(15)
             for b in bares.values():
                 b.stop(15)
+
+
+def warm_up(address: str, env: dict | None, pids: list[int], result: WireResult) -> None:
+    """Each job streams `result.warm_up_bytes` of tokens (one raw reader, world size 1) from
+    steps no round reads, so the rounds measure a server whose row cache is full and turning
+    over."""
+    tokens = result.warm_up_bytes // 2
+    if not tokens:
+        return
+    for rows, seq_len in job_shapes(result.ranks):
+        job, steps = job_name(rows, seq_len), max(1, tokens // (rows * seq_len))
+        argv = [*consume_argv(address, job, WARM_UP_START, steps, 0, 1), "--mode", "raw"]
+        began = time.monotonic()
+        got, _ = together([argv], env, pids)
+        result.warm_up_tokens = got["tokens"]
+        seconds = time.monotonic() - began
+        print(
+            f"warm-up {job}: {got['tokens'] / 1e6:.0f} M tokens in {seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run_round(
@@ -333,11 +368,12 @@ def run(
     before: str = "",
     workers: tuple[int, ...] = (1, 2),
     ranks: int = RANKS,
+    warm_up_bytes: int = WARM_UP_BYTES,
 ) -> WireResult:
     c = corpusmod.prepare(sizes.mb, out)
     work = out / "wire"
     work.mkdir(parents=True, exist_ok=True)
-    result = WireResult(c, ranks=ranks)
+    result = WireResult(c, ranks=ranks, warm_up_bytes=warm_up_bytes)
 
     def configs(cache: Path, tag: str):
         def config_of(n: int) -> Path:
@@ -368,13 +404,19 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=0.0, help="corpus MB (default: the size's)")
     parser.add_argument("--tokens", type=int, default=0, help="tokens per measured stream")
     parser.add_argument("--rounds", type=int, default=0)
+    parser.add_argument(
+        "--warm-up-mb",
+        type=float,
+        default=WARM_UP_BYTES / 2**20,
+        help="MiB of tokens each job streams before the rounds (0: measure from a cold start)",
+    )
     a = parser.parse_args()
     sizes = QUICK if a.quick else FULL
     sizes = WireSizes(a.tokens or sizes.tokens, a.rounds or sizes.rounds, a.mb or sizes.mb)
     counts = tuple(int(n) for n in a.workers.split(","))
     out = Path(__file__).resolve().parent / "out"
     load = loadavg()
-    result = run(sizes, out, a.before, counts, a.ranks)
+    result = run(sizes, out, a.before, counts, a.ranks, int(a.warm_up_mb * 2**20))
     print(table(result, f"{load} at the start, {loadavg()} at the end"))
 
 

@@ -81,7 +81,15 @@ def table(r: WireResult, load: str = "") -> str:
         "Client's decoding, fingerprint check and int32 widening); bare readers: "
         "np.frombuffer's\n"
         "each row once: every round reads steps no process of that server read before, on "
-        "through epoch ends; the warm row re-reads epoch 0's steps after one pass"
+        "through epoch ends; the warm row re-reads epoch 0's steps after one pass\n"
+        + (
+            f"warm-up: before the rounds each job streamed about {r.warm_up_tokens / 1e6:.0f} M "
+            "tokens (one raw reader) from steps no round reads, so every server's row cache "
+            "(512 MiB) is full and turning over, as in a run past its first seconds"
+            if r.warm_up_tokens
+            else "no warm-up (--warm-up-mb 0): the rounds begin with each server's row cache "
+            "empty, so its first 512 MiB of row buffers are memory new to the process"
+        )
     )
     return f"{render(title, header, rows)}\n{notes}{scaling(r)}"
 
