@@ -120,8 +120,123 @@ done:
     return result;
 }
 
+/* The first index of s[0..n) (ascending) at or past v. */
+static Py_ssize_t lower_bound(const int64_t *s, Py_ssize_t n, int64_t v)
+{
+    Py_ssize_t a = 0, b = n;
+    while (a < b) {
+        Py_ssize_t m = a + (b - a) / 2;
+        if (s[m] < v)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+PyDoc_STRVAR(row_starts_doc,
+"row_starts(starts, which, lo, seq_len, splits)\n\n"
+"Row r is positions [lo[r], lo[r] + seq_len + 1) of buffer which[r], whose document starts are\n"
+"starts[which[r]] (ascending int64). Returns a bytearray of the int64 starts inside the rows,\n"
+"row after row, each as a position in its row (1 .. seq_len - 1), and writes the int32 row\n"
+"splits into `splits` (rows + 1 items). The GIL is kept throughout.");
+
+static PyObject *row_starts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *sources, *which_obj, *lo_obj, *splits_obj;
+    Py_ssize_t seq_len;
+    if (!PyArg_ParseTuple(args, "OOOnO", &sources, &which_obj, &lo_obj, &seq_len, &splits_obj))
+        return NULL;
+    PyObject *seq = PySequence_Fast(sources, "starts must be a sequence of int64 arrays");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nsrc = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer which = {0}, lo = {0}, splits = {0};
+    Py_buffer *srcs = PyMem_Calloc(nsrc ? nsrc : 1, sizeof(Py_buffer));
+    Py_ssize_t *first = NULL, got = 0;
+    PyObject *result = NULL;
+    if (srcs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < nsrc; got++)
+        if (int64s(PySequence_Fast_GET_ITEM(seq, got), &srcs[got], "a buffer's starts") < 0)
+            goto done;
+    if (int64s(which_obj, &which, "which") < 0 || int64s(lo_obj, &lo, "lo") < 0)
+        goto done;
+    if (PyObject_GetBuffer(splits_obj, &splits,
+                           PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        goto done;
+    Py_ssize_t rows = which.len / 8;
+    if (lo.len / 8 != rows) {
+        PyErr_Format(PyExc_ValueError, "which and lo differ in length (%zd, %zd)", rows,
+                     lo.len / 8);
+        goto done;
+    }
+    if (splits.itemsize != 4 || splits.len / 4 != rows + 1) {
+        PyErr_Format(PyExc_ValueError, "splits must hold %zd int32 items", rows + 1);
+        goto done;
+    }
+    if (seq_len < 1) {
+        PyErr_SetString(PyExc_ValueError, "seq_len must be at least 1");
+        goto done;
+    }
+    const int64_t *k = which.buf, *at = lo.buf;
+    first = PyMem_Malloc((size_t)(rows ? rows : 1) * 2 * sizeof(Py_ssize_t));
+    if (first == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t *last = first + rows, total = 0;
+    int32_t *split = splits.buf;
+    split[0] = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (k[r] < 0 || k[r] >= nsrc) {
+            PyErr_Format(PyExc_ValueError, "row %zd reads buffer %lld, outside the %zd given", r,
+                         (long long)k[r], nsrc);
+            goto done;
+        }
+        const int64_t *s = srcs[k[r]].buf;
+        Py_ssize_t n = srcs[k[r]].len / 8;
+        first[r] = lower_bound(s, n, at[r] + 1);
+        last[r] = lower_bound(s, n, at[r] + seq_len);
+        if (last[r] < first[r])  /* seq_len 1: no position inside the row */
+            last[r] = first[r];
+        total += last[r] - first[r];
+        if (total > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "more than 2**31 starts in one call");
+            goto done;
+        }
+        split[r + 1] = (int32_t)total;
+    }
+    result = PyByteArray_FromStringAndSize(NULL, total * 8);
+    if (result == NULL)
+        goto done;
+    int64_t *out = (int64_t *)PyByteArray_AS_STRING(result);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int64_t *s = srcs[k[r]].buf;
+        for (Py_ssize_t i = first[r]; i < last[r]; i++)
+            *out++ = s[i] - at[r];
+    }
+done:
+    for (Py_ssize_t j = 0; j < got; j++)
+        PyBuffer_Release(&srcs[j]);
+    PyMem_Free(srcs);
+    PyMem_Free(first);
+    if (which.obj)
+        PyBuffer_Release(&which);
+    if (lo.obj)
+        PyBuffer_Release(&lo);
+    if (splits.obj)
+        PyBuffer_Release(&splits);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, gather_doc},
+    {"row_starts", row_starts, METH_VARARGS, row_starts_doc},
     {NULL, NULL, 0, NULL},
 };
 

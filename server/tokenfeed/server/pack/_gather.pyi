@@ -13,3 +13,11 @@ def gather(
     release_gil: bool,
     /,
 ) -> None: ...
+def row_starts(
+    starts: Sequence[Buffer],
+    which: Buffer,
+    lo: Buffer,
+    seq_len: int,
+    splits: Buffer,
+    /,
+) -> bytearray: ...

@@ -3,6 +3,12 @@ lengths)` copies, for each i, `lengths[i]` items of `sources[which[i]]` from ite
 into `dst` at item `dst_at[i]`. Every range is checked before anything is copied (ValueError
 naming the range).
 
+`row_starts(starts, which, lo, seq_len)`: the document starts inside rows cut from buffers
+(each row positions [lo, lo + seq_len + 1) of buffer `which`, whose starts are `starts[which]`),
+as positions in their rows, and the rows' splits: one binary search per row bound in C, GIL
+kept (numpy's searchsorted lets it go; the serving thread then waits for it behind the layout
+threads), or the same arrays from one numpy searchsorted over all the buffers' starts.
+
 The memory moves of serving go through it: a chunk's documents laid out as its row buffer
 (rowlayout.row_buffer) and a batch's rows cut from row buffers (rowlayout.assemble_rows), each
 in one call into C (_gather.c, built with the package where a C compiler is present). A
@@ -87,3 +93,46 @@ def _gather_numpy(
             )
     for a, k, b, m in zip(to.tolist(), which.tolist(), frm.tolist(), n.tolist(), strict=True):
         flat[a : a + m] = sources[k].reshape(-1)[b : b + m]
+
+
+def row_starts(
+    starts: Sequence[np.ndarray], which: np.ndarray, lo: np.ndarray, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 positions, inside their rows, of the document starts at positions 1 .. seq_len
+    - 1 of each row, row after row; int32 row splits, rows + 1): row r is [lo[r], lo[r] +
+    seq_len + 1) of buffer which[r], whose ascending document starts are starts[which[r]]."""
+    rows = len(which)
+    k, at = _int64(which), _int64(lo)
+    if len(at) != rows:
+        raise ValueError(f"which and lo differ in length ({rows}, {len(at)})")
+    if _gather is None:
+        if rows and (int(k.min()) < 0 or int(k.max()) >= len(starts)):
+            raise ValueError(
+                f"row {int(np.argmax((k < 0) | (k >= len(starts))))} reads a "
+                f"buffer outside the {len(starts)} given"
+            )
+        return _row_starts_numpy([_int64(s) for s in starts], k, at, seq_len)
+    splits = np.empty(rows + 1, dtype=np.int32)
+    found = _gather.row_starts([_int64(s) for s in starts], k, at, seq_len, splits)
+    return np.frombuffer(found, dtype=np.int64), splits
+
+
+def _row_starts_numpy(
+    starts: list[np.ndarray], which: np.ndarray, lo: np.ndarray, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`row_starts` in numpy: buffer k's starts shifted by k * big (past every position of the
+    buffers before it) make one sorted array, searched once for every row's bounds."""
+    rows = len(which)
+    big = 1 + max(
+        [int(lo.max()) + seq_len + 1 if rows else 0] + [int(s[-1]) + 1 for s in starts if len(s)]
+    )
+    joined = np.concatenate([*starts, np.zeros(0, dtype=np.int64)])
+    joined += np.repeat(np.arange(len(starts), dtype=np.int64) * big, [len(s) for s in starts])
+    base = which * big + lo
+    found = np.searchsorted(joined, np.concatenate((base + 1, base + max(seq_len, 1))))
+    first = found[:rows]
+    counts = np.maximum(found[rows:] - first, 0)
+    splits = np.zeros(rows + 1, dtype=np.int32)
+    np.add.accumulate(counts, dtype=np.int32, out=splits[1:])
+    at = np.arange(int(splits[-1]), dtype=np.int64) + np.repeat(first - splits[:-1], counts)
+    return joined[at] - np.repeat(base, counts), splits

@@ -202,8 +202,8 @@ def assemble_rows(
     starts.chunk[i], starts.position[i])`. Every place must be filled exactly once.
 
     Per batch: one copy of all rows (`_rows`: one call of gather.py's range copies),
-    and one binary search call and one gather for the starts of all rows, whatever buffers
-    they come from. Rows are grouped by buffer in C-level dict and map calls: no Python
+    and one call for the starts of all rows, whatever buffers they come from (gather.py's
+    `row_starts`). Rows are grouped by buffer in C-level dict and map calls: no Python
     bytecode per row (a batch's rows come from a few buffers, shuffled, so per-buffer numpy
     calls cost as much as per-row slices).
     A buffer's starts are positions inside it (`RowBuffer`)."""
@@ -236,23 +236,8 @@ def assemble_rows(
     if rows and int(lo.min()) < 0:
         raise ValueError(f"a row starts before its buffer (at {int(lo.min())})")
     out = _rows(buffers, of, lo, rows, span, np.dtype(dtype))
-    # The buffers' starts (positions inside them) as one sorted array: buffer k's shifted by
-    # k * big, past every position of the buffers before it, and each row's bounds with them.
-    starts = [b.starts for b in buffers]
-    big = 1 + max(max(len(b.ids), int(b.starts[-1]) + 1 if len(b.starts) else 0) for b in buffers)
-    joined = np.concatenate(starts).astype(np.int64, copy=False)
-    joined += np.repeat(
-        np.arange(0, len(buffers) * big, big, dtype=np.int64), [len(s) for s in starts]
-    )
-    base = of * big + lo
-    # Starts after each row's first slot and before its last
-    found = np.searchsorted(joined, np.concatenate((base + 1, base + seq_len)))
-    first = found[:rows]
-    counts = found[rows:] - first
-    splits = np.zeros(rows + 1, dtype=np.int32)
-    np.add.accumulate(counts, dtype=np.int32, out=splits[1:])
-    at = np.arange(int(splits[-1]), dtype=np.int64) + np.repeat(first - splits[:-1], counts)
-    return out, joined[at] - np.repeat(base, counts), splits
+    starts, splits = ranges.row_starts([b.starts for b in buffers], of, lo, seq_len)
+    return out, starts, splits
 
 
 def _rows(
