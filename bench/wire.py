@@ -352,6 +352,8 @@ def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
     """A worktree of commit `rev` and the environment that runs its server and client."""
     tree = work / f"before-{rev}"
     if not tree.exists():
+        # A worktree whose folder was deleted (bench/out cleared) stays registered: forget it.
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True, capture_output=True)
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(tree), rev],
             cwd=ROOT,
