@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import sys
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
+from gilcheck import lets_others_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.pack import gather as g
@@ -117,25 +117,8 @@ def test_the_c_copies_let_other_threads_run_where_asked(release):
     dst = np.zeros_like(source)
     times = 40
     args = ([0] * times, [0] * times, [0] * times, [len(source)] * times)
-    inside, seen, go = [False], [], threading.Event()
-
-    def look():
-        go.wait()
-        seen.append(inside[0])
-
-    was = sys.getswitchinterval()
-    thread = threading.Thread(target=look)
-    thread.start()
-    sys.setswitchinterval(1000.0)
-    try:
-        inside[0] = True
-        go.set()
-        g.gather(dst, args[0], [source], *args[1:], release_gil=release)
-        inside[0] = False
-    finally:
-        sys.setswitchinterval(was)
-    thread.join()
-    assert seen == [release]
+    copy = partial(g.gather, dst, args[0], [source], *args[1:], release_gil=release)
+    assert lets_others_run(copy) == release
     assert dst.all()
 
 
