@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 _native: ModuleType | None
-try:  # built by setup.py where a C compiler is: the same network, about 10x less CPU
+try:  # built by setup.py where a C compiler is: the same network, a few times less CPU
     from tokenfeed.server.sampling import _feistel as _native
 except ImportError:
     _native = None
