@@ -348,21 +348,47 @@ def test_once_the_first_characters_agree_tiktokens_ids_are_used_alone(llama3, do
     assert tok.engine == "hf"
 
 
-def test_encode_tasks_keep_the_order_and_bound_each_task(docs):
-    # Tasks of at most 32 documents and 64 K characters (a longer document alone), encoded
-    # largest first and put back in order: the ids are HF's, document by document.
+class _Noted:
+    """An Encoding that notes which thread encodes each text, in the order they start."""
+
+    def __init__(self, encoding):
+        self.encoding, self.calls = encoding, []
+        self.special_tokens_set = encoding.special_tokens_set
+
+    def encode_to_numpy(self, text, **kw):
+        self.calls.append((threading.current_thread().name, len(text)))
+        return self.encoding.encode_to_numpy(text, **kw)
+
+
+def test_documents_go_longest_first_and_come_back_in_order(docs):
+    # One thread: the documents start longest first; two: both threads take documents from
+    # the same order. Either way the ids come back in the documents' order, HF's one by one.
     long = "\n".join(docs[:120])
-    assert len(long) > fasttok._CHARS_PER_TASK
     texts = [*docs[:40], long, *docs[40:45], long[: len(long) // 2], *docs[45:100]]
-    tasks = fasttok._tasks(texts)
-    assert [t for task in tasks for t in task] == texts
-    for task in tasks:
-        assert len(task) <= fasttok._DOCS_PER_TASK
-        assert len(task) == 1 or sum(map(len, task)) <= fasttok._CHARS_PER_TASK
-    assert [long] in tasks
+    for threads in (1, 2):
+        base = good_engine_gpt2()
+        noted = _Noted(base.encoding)
+        engine = fasttok.FastEngine(noted, base.rank_to_id, threads=threads)
+        noted.calls.clear()  # the engine's settling sample
+        tokens, lengths = engine.encode(texts, np.dtype(np.uint16))
+        assert split(tokens, lengths) == hf_ids(TOKENIZER, texts)
+        assert tokens.dtype == np.uint16 and lengths.dtype == np.int32
+        assert sorted(n for _, n in noted.calls) == sorted(map(len, texts))
+        if threads == 1:
+            assert [n for _, n in noted.calls] == sorted(map(len, texts), reverse=True)
+        else:
+            assert len({name for name, _ in noted.calls}) == 2
+            assert noted.calls[0][1] == len(long)
+
+
+def test_an_empty_call_and_an_identity_vocabulary(docs):
     engine = good_engine_gpt2()
-    tokens, lengths = engine.encode(texts, np.dtype(np.uint16))
-    assert split(tokens, lengths) == hf_ids(TOKENIZER, texts)
+    tokens, lengths = engine.encode([], np.dtype(np.uint32))
+    assert tokens.size == 0 and lengths.size == 0 and tokens.dtype == np.uint32
+    same = fasttok.FastEngine(engine.encoding, None, threads=2)  # HF's ids are the ranks
+    tokens, lengths = same.encode(docs[:8], np.dtype(np.uint32))
+    expected = [engine.encoding.encode_to_numpy(d, disallowed_special=()) for d in docs[:8]]
+    assert split(tokens, lengths) == [e.tolist() for e in expected]
 
 
 def good_engine_gpt2() -> fasttok.FastEngine:

@@ -46,6 +46,10 @@ class Recorded(fasttok.FastEngine):
             raise RuntimeError("the first encode fails")
         return super()._encode_group(texts)
 
+    def _drain(self, *args) -> None:
+        self.threads.append(threading.current_thread())
+        super()._drain(*args)
+
 
 def test_the_first_encode_is_on_a_thread_that_ended_before_any_pool_thread(docs):
     engine = Recorded()

@@ -82,36 +82,36 @@ def _decompressed(store: ObjectBackend, chunk: Chunk) -> bytes:
         raise SourceError(f"{chunk.source.uri}: cannot decompress {chunk.kind}: {e}") from e
 
 
-def _parse_lines(data: bytes, chunk: Chunk) -> Iterator[tuple[int, str | BadRecord]]:
-    """(line index within data, its text or why it is a bad record)."""
-    field = chunk.text_field
+def _lines(data: bytes) -> list[bytes]:
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    for i, line in enumerate(lines):
+    return lines
+
+
+def _bad_line(line: bytes, field: str) -> BadRecord | None:
+    """Why the line is a bad record, or None where its text is good."""
+    try:
+        # orjson reads the bytes and refuses invalid UTF-8 itself; only a line it refuses is
+        # decoded, to tell the two apart.
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
         if not line.strip():
-            yield i, BadRecord("empty", "", "blank line")
-            continue
+            return BadRecord("empty", "", "blank line")
         try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield i, BadRecord("invalid_utf8", "", f"byte {e.start} of the line")
-            continue
-        try:
-            record = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            yield i, BadRecord("malformed_json", "", str(e))
-            continue
-        if not isinstance(record, dict):
-            yield i, BadRecord("not_an_object", "", f"a JSON {type(record).__name__}")
-        elif field not in record:
-            yield i, BadRecord("missing_field", "", f"no {field!r} field")
-        elif not isinstance(record[field], str):
-            yield i, BadRecord("not_text", "", f"{field!r} is {type(record[field]).__name__}")
-        elif not record[field]:
-            yield i, BadRecord("empty", "", f"{field!r} is empty")
-        else:
-            yield i, record[field]
+            line.decode("utf-8")
+        except UnicodeDecodeError as u:
+            return BadRecord("invalid_utf8", "", f"byte {u.start} of the line")
+        return BadRecord("malformed_json", "", str(e))
+    if not isinstance(record, dict):
+        return BadRecord("not_an_object", "", f"a JSON {type(record).__name__}")
+    if field not in record:
+        return BadRecord("missing_field", "", f"no {field!r} field")
+    if not isinstance(record[field], str):
+        return BadRecord("not_text", "", f"{field!r} is {type(record[field]).__name__}")
+    if not record[field]:
+        return BadRecord("empty", "", f"{field!r} is empty")
+    return None
 
 
 def single_start(chunk: Chunk | None, data_start: DataStart) -> int:
@@ -126,7 +126,8 @@ def single_start(chunk: Chunk | None, data_start: DataStart) -> int:
 def read_jsonl(store: ObjectBackend, chunk: Chunk) -> ChunkDocuments:
     """The documents of a simple JSON Lines chunk, all at once."""
     docs = ChunkDocuments([], [], 0, [])
-    docs.texts = list(jsonl_texts(store, chunk, docs, jsonl_data(store, chunk, docs)))
+    data = jsonl_data(store, chunk, docs)
+    docs.texts = [t for piece in jsonl_pieces(store, chunk, docs, data, 4096) for t in piece]
     return docs
 
 
@@ -139,22 +140,40 @@ def jsonl_data(store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments) -> byte
     return _decompressed(store, chunk)
 
 
-def jsonl_texts(
-    store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments, data: bytes
-) -> Iterator[str]:
-    """The good texts of the chunk's lines `data`, one at a time; its bad records, record
-    count and record ids go to `docs` as the lines are parsed (its `texts` are the caller's)."""
+def jsonl_pieces(
+    store: ObjectBackend, chunk: Chunk, docs: ChunkDocuments, data: bytes, n: int
+) -> Iterator[list[str]]:
+    """The good texts of the chunk's lines `data`, n at a time (the last piece may be
+    shorter); its bad records, record count and record ids go to `docs` as the pieces are
+    taken (its `texts` are the caller's). A build parses every line here, one core's work
+    while the tokenizer's threads wait (chunkmaker.py): good lines take one parse and one
+    lookup, and only a line that fails them is looked at again, to say why."""
+    field, loads, lines = chunk.text_field, orjson.loads, _lines(data)
     line_base: int | None = 0 if docs.data_start == 0 else None
-    for i, item in _parse_lines(data, chunk):
-        docs.records += 1
-        if isinstance(item, str):
-            docs.record_ids.append(i)
-            yield item
+    ids, piece, before = docs.record_ids, [], docs.records
+    for i, line in enumerate(lines):
+        try:
+            text = loads(line)[field]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            text = None
+        if type(text) is str and text:
+            piece.append(text)
+            ids.append(i)
+            if len(piece) == n:
+                docs.records = before + i + 1
+                yield piece
+                piece = []
             continue
+        bad = _bad_line(line, field)
+        if bad is None:  # cannot be: the line failed the lookup above
+            raise AssertionError(f"{chunk.describe()}: line {i} is good on a second look")
         if line_base is None:  # only paid when a range chunk has a bad record
             line_base = _count_lines_before(store, chunk, single_start(chunk, docs.data_start))
         location = f"{chunk.source.uri}:{line_base + i + 1}"
-        docs.bad.append(BadRecord(item.reason, location, item.detail))
+        docs.bad.append(BadRecord(bad.reason, location, bad.detail))
+    docs.records = before + len(lines)
+    if piece:
+        yield piece
 
 
 def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int) -> int:

@@ -26,7 +26,7 @@ from tokenfeed.server.source import arrowfiles, mdscolumns, wds
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.source.jsonl import (
     jsonl_data,
-    jsonl_texts,
+    jsonl_pieces,
     line_number,
     read_jsonl,
     single_start,
@@ -169,18 +169,7 @@ def read_pieces(
         return whole, (texts[i : i + n] for i in range(0, len(texts), n))
     docs = ChunkDocuments([], [], 0, [])
     data = jsonl_data(store, chunk, docs)
-    return docs, _batched(jsonl_texts(store, chunk, docs, data), docs_per_piece)
-
-
-def _batched(items: Iterator[str], n: int) -> Iterator[list[str]]:
-    piece: list[str] = []
-    for item in items:
-        piece.append(item)
-        if len(piece) == n:
-            yield piece
-            piece = []
-    if piece:
-        yield piece
+    return docs, jsonl_pieces(store, chunk, docs, data, docs_per_piece)
 
 
 def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:
