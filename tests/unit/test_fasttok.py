@@ -269,6 +269,22 @@ def good_engine(path: Path) -> fasttok.FastEngine:
     return fasttok.FastEngine.from_config(json.loads(path.read_text()))
 
 
+def test_a_parity_check_that_fails_raises_on_the_callers_thread(llama3, docs, monkeypatch):
+    # HF encodes the compared documents on a thread of its own, beside tiktoken: what it
+    # raises is raised by encode, and no id is taken without the check.
+    tok = load(llama3, "auto")
+    assert tok.engine == "tiktoken"
+
+    def broken(texts):
+        raise RuntimeError("hf failed")
+
+    monkeypatch.setattr(tok, "_hf_encode", broken)
+    with pytest.raises(RuntimeError, match="hf failed"):
+        tok.encode(docs[:8])
+    monkeypatch.undo()
+    assert split(*tok.encode(docs[:8])) == hf_ids(llama3, docs[:8])
+
+
 def test_a_difference_on_the_built_in_sample_keeps_hf(llama3):
     space, bang = (Tokenizer.from_file(str(llama3)).token_to_id(t) for t in ("Ġ", "!"))
     wrong = swapped(good_engine(llama3), space, bang)

@@ -49,7 +49,8 @@ ENCODE_BATCH_DOCS = 512
 # alone: the first encode batch of a large chunk, a few small chunks; or, where documents are
 # long, those of the first PARITY_CHARS characters. The check runs HF in every process that
 # encodes: 512 code sections of a few KB cost a 31 MB build on 2 cores about a tenth of its
-# time (bench/, tokenization section); 256 K characters still span many documents.
+# time (bench/, tokenization section); 256 K characters still span many documents. HF
+# encodes them beside tiktoken's batch, on the cores tiktoken leaves idle (_encode_batch).
 PARITY_DOCS = ENCODE_BATCH_DOCS
 PARITY_CHARS = 256 * 1024
 
@@ -198,9 +199,26 @@ class TextTokenizer:
         while k < len(texts) and self._agreed + k < PARITY_DOCS and chars < PARITY_CHARS:
             chars += len(texts[k])
             k += 1
-        tokens, lengths = fast.encode(texts, self.dtype)
+        # HF encodes the compared documents while tiktoken encodes the batch (both let go of
+        # the GIL): HF's threads use what tiktoken's leave idle, rather than run after them.
+        hf: list = []
+
+        def check() -> None:
+            try:
+                hf.append(self._hf_encode(texts[:k]))
+            except BaseException as e:  # raised below, on the caller's thread
+                hf.append(e)
+
+        checking = threading.Thread(target=check, name="parity-check", daemon=True)
+        checking.start()
+        try:
+            tokens, lengths = fast.encode(texts, self.dtype)
+        finally:
+            checking.join()
+        if isinstance(hf[0], BaseException):
+            raise hf[0]
         head = (tokens[: int(lengths[:k].sum(dtype=np.int64))], lengths[:k])
-        diff = self._difference(texts[:k], self._hf_encode(texts[:k]), head)
+        diff = self._difference(texts[:k], hf[0], head)
         with self._switch:
             if diff is None:
                 self._agreed += k
