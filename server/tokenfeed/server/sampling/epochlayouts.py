@@ -109,7 +109,8 @@ class EpochLayouts:
         self._windows: LRU[tuple[Any, ...], np.ndarray] = LRU(
             WINDOWS_KEPT * len(indexes), WINDOW_BYTES * len(indexes)
         )
-        self._tails: LRU[tuple[int, int, int, int, int], tuple[int, ...]] = LRU(4096)
+        self._tails: LRU[tuple[Any, ...], tuple[int, ...]] = LRU(4096)
+        self._chunk_tails: LRU[tuple[Any, ...], order.Pieces] = LRU(4096)
         # (start step, seq_len, packing) of each phase: where a dataset's segments begin.
         self.phases: list[tuple[int, int, str]] = [(0, spec.seq_len, spec.packing)]
         self._segments: dict[int, tuple[object, int, list[Segment]]] = {}
@@ -312,25 +313,36 @@ class EpochLayouts:
 
     def chunk_tail(self, d: int, epoch: int, position: int, segment: int = 0) -> order.Pieces:
         """What the row buffer of the chunk at `position` of `epoch` holds past the chunk's
-        end (order.chunk_tail), in the grid of the dataset's `segment`."""
-        g = self.grid(d, segment)
-        return order.chunk_tail(
-            self.layout(d, epoch, segment),
-            position,
-            g.units_per_epoch,
-            g.per_row,
-            g.span,
-            partial(self.layout, d, segment=segment),
-        )
+        end (order.chunk_tail), in the grid of the dataset's `segment`. Cached: prefetch asks
+        which chunks a tail reads (`tail_chunks`) a few steps before the row buffer is laid out
+        with the same pieces, and both were a chunk's order arithmetic each (about a sixth of
+        a [32, 4096] stream's layout time; bench/, wire section). Callers only read it."""
+        idx = self.indexes[d]
+        version = -1 if idx.ready else idx.rows_built
+        grid = self.segments(d)[segment].grid if segment else ""
+
+        def make() -> order.Pieces:
+            g = self.grid(d, segment)
+            return order.chunk_tail(
+                self.layout(d, epoch, segment),
+                position,
+                g.units_per_epoch,
+                g.per_row,
+                g.span,
+                partial(self.layout, d, segment=segment),
+            )
+
+        return self._chunk_tails.get_or_make((d, epoch, position, version, segment, grid), make)
 
     def tail_chunks(self, d: int, epoch: int, position: int, segment: int = 0) -> tuple[int, ...]:
         """The chunks the tail of the row buffer of `position` in `epoch` reads (cached)."""
         version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
+        grid = self.segments(d)[segment].grid if segment else ""
 
         def make() -> tuple[int, ...]:
             return tuple(np.unique(self.chunk_tail(d, epoch, position, segment).chunk).tolist())
 
-        return self._tails.get_or_make((d, epoch, position, version, segment), make)
+        return self._tails.get_or_make((d, epoch, position, version, segment, grid), make)
 
     def layout(self, d: int, epoch: int, segment: int = 0) -> order.EpochLayout:
         """Epoch `epoch`'s layout, in the grid of the dataset's `segment`. While the index
