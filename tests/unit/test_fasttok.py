@@ -397,6 +397,22 @@ def test_documents_go_longest_first_and_come_back_in_order(docs):
             assert noted.calls[0][1] == len(long)
 
 
+def test_a_document_that_fails_to_encode_fails_the_call(docs):
+    base = good_engine_gpt2()
+
+    class Failing(_Noted):
+        def encode_to_numpy(self, text, **kw):
+            if text == "boom":
+                raise ValueError("cannot encode boom")
+            return super().encode_to_numpy(text, **kw)
+
+    engine = fasttok.FastEngine(Failing(base.encoding), base.rank_to_id, threads=2)
+    with pytest.raises(ValueError, match="cannot encode boom"):
+        engine.encode([*docs[:20], "boom", *docs[20:40]], np.dtype(np.uint16))
+    tokens, lengths = engine.encode(docs[:20], np.dtype(np.uint16))  # the engine serves on
+    assert split(tokens, lengths) == hf_ids(TOKENIZER, docs[:20])
+
+
 def test_an_empty_call_and_an_identity_vocabulary(docs):
     engine = good_engine_gpt2()
     tokens, lengths = engine.encode([], np.dtype(np.uint32))

@@ -17,6 +17,7 @@ from tokenfeed.server.tokenizer.paritysample import edge_sample
 
 __all__ = ["FastEngine", "NotExact", "edge_sample"]
 
+
 class FastEngine:
     """A tiktoken Encoding with the HF ids of its ranks, encoding documents on a thread pool
     (tiktoken releases the GIL while it encodes)."""
@@ -99,7 +100,9 @@ class FastEngine:
         args = (texts, order, arrays, self._lut(np.dtype(dtype)), dtype)
         for f in [pool.submit(self._drain, *args) for _ in range(self._threads)]:
             f.result()
-        lengths = np.fromiter((a.size for a in arrays), dtype=np.int32, count=len(arrays))
-        ids = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+        done = [a for a in arrays if a is not None]
+        if len(done) != len(texts):  # every thread ended without error: cannot be
+            raise RuntimeError(f"{len(texts) - len(done)} of {len(texts)} documents not encoded")
+        lengths = np.fromiter((a.size for a in done), dtype=np.int32, count=len(done))
+        ids = np.concatenate(done) if done else np.zeros(0, dtype=dtype)
         return ids, lengths
-
