@@ -21,7 +21,13 @@ from tokenfeed.server.commands import democorpus
 from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.settings.config import TokenizerSpec
 from tokenfeed.server.tokenizer import bpeexact, fasttok, paritysample
-from tokenfeed.server.tokenizer.tokenize import PARITY_CHARS, PARITY_DOCS, TextTokenizer
+from tokenfeed.server.tokenizer.tokenize import (
+    ENCODE_BATCH_DOCS,
+    FAST_BATCH_DOCS,
+    PARITY_CHARS,
+    PARITY_DOCS,
+    TextTokenizer,
+)
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 LLAMA3_PATTERN = (
@@ -283,6 +289,20 @@ def test_a_parity_check_that_fails_raises_on_the_callers_thread(llama3, docs, mo
         tok.encode(docs[:8])
     monkeypatch.undo()
     assert split(*tok.encode(docs[:8])) == hf_ids(llama3, docs[:8])
+
+
+def test_encode_batches_follow_the_engine_in_use(llama3, docs):
+    # tiktoken's calls take 4096 documents (its ids are numpy arrays), HF's 512; a switch to HF
+    # after a difference takes HF's size from the next call on.
+    tok = load(llama3, "auto")
+    assert tok.engine == "tiktoken" and tok.batch_docs == FAST_BATCH_DOCS > PARITY_DOCS
+    assert load(llama3, "hf").batch_docs == ENCODE_BATCH_DOCS
+    many = (docs * (FAST_BATCH_DOCS // len(docs) + 2))[: FAST_BATCH_DOCS + 7]
+    assert split(*tok.encode(many)) == hf_ids(llama3, many)
+    used, text, unused = rare_tokens(llama3, docs)
+    wrong = load(llama3, "auto", fast=swapped(good_engine(llama3), used, unused))
+    assert split(*wrong.encode([text])) == hf_ids(llama3, [text])
+    assert wrong.engine == "hf" and wrong.batch_docs == ENCODE_BATCH_DOCS
 
 
 def test_a_difference_on_the_built_in_sample_keeps_hf(llama3):

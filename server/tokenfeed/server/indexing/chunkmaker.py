@@ -34,15 +34,15 @@ from tokenfeed.server.store.chunkfiles import ChunkIndex, encode_chunk
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
 from tokenfeed.server.telemetry import metrics
-from tokenfeed.server.tokenizer.tokenize import ENCODE_BATCH_DOCS, TextTokenizer
+from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 log = logging.getLogger(__name__)
 
 BAD_EXAMPLES_PER_CHUNK = 20
-# A chunk is tokenized in pieces of this many documents (one encode batch), PIECES_IN_FLIGHT
-# at once with HF's engine while the next piece is parsed: see ChunkMaker._encode. Two are
-# enough for one piece's GIL-bound part to hide behind the other's encoding.
-PIECE_DOCS = ENCODE_BATCH_DOCS
+# A chunk is tokenized in pieces of one encode batch (TextTokenizer.batch_docs: 512 documents
+# with HF's engine, 4096 with tiktoken's), PIECES_IN_FLIGHT at once with HF's engine while the
+# next piece is parsed: see ChunkMaker._encode. Two are enough for one piece's GIL-bound part
+# to hide behind the other's encoding.
 PIECES_IN_FLIGHT = 2
 
 
@@ -196,7 +196,7 @@ class ChunkMaker:
             self._check_policy([str(b) for b in pre.bad])
             docs, tokens, lengths = pre, pre.tokens, pre.lengths
         else:
-            docs, pieces = read_pieces(source, chunk, PIECE_DOCS)  # read: I/O, no slot
+            docs, pieces = read_pieces(source, chunk, tokenizer.batch_docs)  # I/O, no slot
             with _slot(tokenizer):
                 tokens, lengths = self._encode(pieces, docs.bad)
         bad, record_ids = list(docs.bad), np.asarray(docs.record_ids, dtype=np.int64)

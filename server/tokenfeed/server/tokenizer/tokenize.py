@@ -45,6 +45,11 @@ EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>"
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[BOS]")
 # Documents per encode call: large enough to keep every core busy, small enough to bound memory.
 ENCODE_BATCH_DOCS = 512
+# The same with the tiktoken engine, whose ids come as numpy arrays (4 bytes a token, not HF's
+# Python ints): a call's fixed work (the pool's hand-over, the order's sort, the join) is paid
+# 8x less often; whole 4 MiB chunks a call built 1.5% faster than 512 documents (6 paired
+# rounds; bench/, tokenization). A call holds its texts, which its chunk's bytes already bound.
+FAST_BATCH_DOCS = 4096
 # The job's first documents that tiktoken and HF must agree on before tiktoken's ids are taken
 # alone: the first encode batch of a large chunk, a few small chunks; or, where documents are
 # long, those of the first PARITY_CHARS characters. The check runs HF in every process that
@@ -176,15 +181,21 @@ class TextTokenizer:
         Ids become numpy arrays one encode batch at a time: as Python ints they cost ~40 bytes
         each. `between_batches` runs between encode calls (it may raise to abandon the work)."""
         token_parts, length_parts = [], []
-        for i in range(0, len(texts), ENCODE_BATCH_DOCS):
+        step = self.batch_docs
+        for i in range(0, len(texts), step):
             if between_batches is not None:
                 between_batches()
-            tokens, lengths = self._encode_batch(texts[i : i + ENCODE_BATCH_DOCS])
+            tokens, lengths = self._encode_batch(texts[i : i + step])
             token_parts.append(tokens)
             length_parts.append(lengths)
         if not token_parts:
             return np.zeros(0, dtype=self.dtype), np.zeros(0, dtype=np.int32)
         return np.concatenate(token_parts), np.concatenate(length_parts)
+
+    @property
+    def batch_docs(self) -> int:
+        """Documents per encode call with the engine in use."""
+        return ENCODE_BATCH_DOCS if self._fast is None else FAST_BATCH_DOCS
 
     def _encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         fast = self._fast
