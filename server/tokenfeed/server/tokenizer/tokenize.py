@@ -181,13 +181,15 @@ class TextTokenizer:
         Ids become numpy arrays one encode batch at a time: as Python ints they cost ~40 bytes
         each. `between_batches` runs between encode calls (it may raise to abandon the work)."""
         token_parts, length_parts = [], []
-        step = self.batch_docs
-        for i in range(0, len(texts), step):
+        i = 0
+        while i < len(texts):
             if between_batches is not None:
                 between_batches()
+            step = self.batch_docs  # HF's size from the batch after a switch to HF
             tokens, lengths = self._encode_batch(texts[i : i + step])
             token_parts.append(tokens)
             length_parts.append(lengths)
+            i += step
         if not token_parts:
             return np.zeros(0, dtype=self.dtype), np.zeros(0, dtype=np.int32)
         return np.concatenate(token_parts), np.concatenate(length_parts)
