@@ -317,9 +317,6 @@ class EpochLayouts:
         which chunks a tail reads (`tail_chunks`) a few steps before the row buffer is laid out
         with the same pieces, and both were a chunk's order arithmetic each (about a sixth of
         a [32, 4096] stream's layout time; bench/, wire section). Callers only read it."""
-        idx = self.indexes[d]
-        version = -1 if idx.ready else idx.rows_built
-        grid = self.segments(d)[segment].grid if segment else ""
 
         def make() -> order.Pieces:
             g = self.grid(d, segment)
@@ -332,17 +329,24 @@ class EpochLayouts:
                 partial(self.layout, d, segment=segment),
             )
 
-        return self._chunk_tails.get_or_make((d, epoch, position, version, segment, grid), make)
+        return self._chunk_tails.get_or_make(
+            (d, epoch, position, *self._tail_key(d, segment)), make
+        )
 
     def tail_chunks(self, d: int, epoch: int, position: int, segment: int = 0) -> tuple[int, ...]:
         """The chunks the tail of the row buffer of `position` in `epoch` reads (cached)."""
-        version = -1 if self.indexes[d].ready else self.indexes[d].rows_built
-        grid = self.segments(d)[segment].grid if segment else ""
 
         def make() -> tuple[int, ...]:
             return tuple(np.unique(self.chunk_tail(d, epoch, position, segment).chunk).tolist())
 
-        return self._tails.get_or_make((d, epoch, position, version, segment, grid), make)
+        return self._tails.get_or_make((d, epoch, position, *self._tail_key(d, segment)), make)
+
+    def _tail_key(self, d: int, segment: int) -> tuple[int, int, str]:
+        """What a tail's pieces depend on besides its place: how far the index is built, the
+        segment and its grid (as `layout` keys them)."""
+        idx = self.indexes[d]
+        version = -1 if idx.ready else idx.rows_built
+        return version, segment, self.segments(d)[segment].grid if segment else ""
 
     def layout(self, d: int, epoch: int, segment: int = 0) -> order.EpochLayout:
         """Epoch `epoch`'s layout, in the grid of the dataset's `segment`. While the index
