@@ -1,10 +1,12 @@
 """Row buffers shared by a node's serving processes through files (pack/sharedrows.py): laid
 out once whoever asks, the same bytes mapped back; a damaged file is laid out again; a dead
-writer's lock is taken over; the directory stays under its budget."""
+writer's lock is free at once, a too slow one not waited for; the directory stays under its budget."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -92,22 +94,49 @@ def test_a_process_waits_for_the_one_laying_out(tmp_path):
     assert calls == ["slow"] and equal(b, buffer(3000)) and equal(out["a"], buffer(3000))
 
 
-def test_a_dead_writers_lock_is_taken_over(tmp_path, monkeypatch):
+def _holder(lock) -> subprocess.Popen:
+    """Another process that takes the lock of `lock` and keeps it until killed."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"locked\n"
+    return p
+
+
+def test_a_dead_writers_lock_is_free_at_once(tmp_path):
     (tmp_path / "j").mkdir()
     lock = tmp_path / "j" / "k.lock"
-    lock.write_bytes(b"")
-    old = time.time() - sharedrows.STALE_SECONDS - 5
-    os.utime(lock, (old, old))
+    writer = _holder(lock)
+    threading.Timer(0.3, writer.kill).start()  # dies (SIGKILL) without letting go itself
+    began = time.monotonic()
     got = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda: buffer(100), I32)
+    waited = time.monotonic() - began
+    writer.wait(10)
     assert equal(got, buffer(100)) and (tmp_path / "j" / "k").exists() and not lock.exists()
-    # A live lock whose writer is too slow: laid out here, nothing written.
-    lock.write_bytes(b"")
-    monkeypatch.setattr(sharedrows, "WAIT_SECONDS", 0.05)
-    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/other", lambda: buffer(7), I32)
-    assert equal(got, buffer(7))
+    assert 0.25 < waited < sharedrows.WAIT_SECONDS / 2  # it waited for the writer, not longer
+    # A lock file left behind (no process holds it) is no lock at all.
     (tmp_path / "j" / "other.lock").write_bytes(b"")
-    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/third", lambda: buffer(8), I32)
-    assert equal(got, buffer(8))
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/other", lambda: buffer(8), I32)
+    assert equal(got, buffer(8)) and (tmp_path / "j" / "other").exists()
+
+
+def test_a_writer_too_slow_is_not_waited_for(tmp_path, monkeypatch):
+    (tmp_path / "j").mkdir()
+    writer = _holder(tmp_path / "j" / "k.lock")
+    try:
+        monkeypatch.setattr(sharedrows, "WAIT_SECONDS", 0.2)
+        rows = SharedRows(tmp_path, 1 << 30)
+        got = rows.get_or_make("j/k", lambda: buffer(7), I32)
+        # Laid out here and served, nothing written: the slow writer still writes it.
+        assert equal(got, buffer(7)) and not (tmp_path / "j" / "k").exists() and rows.made == 0
+    finally:
+        writer.kill()
+        writer.wait(10)
 
 
 def test_the_directory_stays_under_its_budget(tmp_path):

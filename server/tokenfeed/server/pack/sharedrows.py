@@ -14,14 +14,17 @@ the job's fixed parts, its phases and its datasets' content), the dataset and se
 epoch and the chunk. So any process would write the same bytes, and a race between two writers
 is harmless: files are written whole under a temporary name and renamed. A file is checked
 (its xxh3-128) when it is mapped; one that fails the check is laid out again and rewritten.
-One process lays a buffer out while the others wait for it (an exclusive lock file; a lock
-older than STALE_SECONDS is a dead writer's, and is taken over). The directory is kept under
+One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
+the buffer's lock file, which the kernel lets go when the process ends however it ends (a dead
+writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us, doubling
+to 1 ms), so it maps the file within about a millisecond of its writing. The directory is kept under
 a byte budget: oldest files first are removed; a process that maps a removed file keeps its
 pages until it drops the mapping.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import mmap
@@ -43,8 +46,9 @@ log = logging.getLogger(__name__)
 MAGIC = b"TFROWS01"
 HEADER = struct.Struct("<8sQQI4x16s")  # magic, ids, starts, itemsize, digest of the payload
 WAIT_SECONDS = 10.0  # the longest a process waits for another's layout before its own
-STALE_SECONDS = 30.0  # a lock this old is a dead process's
-POLL_SECONDS = 0.002
+# A waiter tries the writer's lock again after POLL_FIRST seconds, then twice as long each time
+# up to POLL_MOST: a layout takes about a millisecond or a few (bench/, wire section).
+POLL_FIRST, POLL_MOST = 50e-6, 1e-3
 
 
 def node_dir(cache_dir: str | Path) -> Path:
@@ -83,35 +87,26 @@ class SharedRows:
             return found
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = path.with_name(path.name + ".lock")
-        deadline = time.monotonic() + WAIT_SECONDS
-        while True:
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                break
-            except FileExistsError:
-                pass
-            found = self._read(path, dtype)
-            if found is not None:
-                return found
-            if _age(lock) > STALE_SECONDS:
-                _unlink(lock)  # its writer died: take it over
-                continue
-            if time.monotonic() > deadline:  # a slow writer: lay it out here, write nothing
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            if not _locked(fd, time.monotonic() + WAIT_SECONDS):
+                # A writer slower than WAIT_SECONDS: lay it out here, write nothing.
                 metrics.ROW_BUFFERS.labels("unshared").inc()
                 return make()
-            time.sleep(POLL_SECONDS)
-        try:
-            found = self._read(path, dtype)  # written between our look and our lock
+            found = self._read(path, dtype)  # written by the lock's holder before us
             if found is not None:
                 return found
             buf = make()
             written = self._write(path, buf)
             self.made += written
             metrics.ROW_BUFFERS.labels("laid_out" if written else "unshared").inc()
+            # The lock file goes before the lock: a process that opens the name later makes a
+            # new one, and finds the buffer's file first anyway. A process holding the old
+            # one's descriptor takes its lock next and maps the file.
+            _unlink(lock)
             return buf
         finally:
-            os.close(fd)
-            _unlink(lock)
+            os.close(fd)  # lets go of the lock
 
     # ---------------------------------------------------------------- files
 
@@ -199,11 +194,19 @@ class SharedRows:
         return removed
 
 
-def _age(path: Path) -> float:
-    try:
-        return time.time() - os.stat(path).st_mtime
-    except FileNotFoundError:
-        return 0.0
+def _locked(fd: int, deadline: float) -> bool:
+    """Whether this process took the exclusive lock of `fd` before `deadline` (monotonic)."""
+    pause = POLL_FIRST
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MOST)
 
 
 def _unlink(path: Path) -> None:
