@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 from pathlib import Path
 
 import pytest
 from support import job_spec, write_config
 from tokenfeed.server.errors import BadRecordError
-from tokenfeed.server.offline import build
+from tokenfeed.server.offline import build, buildpool
 from tokenfeed.server.settings import config as configmod
 
 
@@ -50,11 +51,39 @@ def test_processes_are_bounded_by_chunks_sources_and_cores():
     assert build.processes(8, 100, plenty, cores) == 8
     assert build.processes(8, 3, plenty, cores) == 3
     assert build.processes(8, 100, 2 * build.PROCESS_BYTES + mib, cores) == 3
-    assert build.processes(8, 100, 10 * mib, cores) == 1
+    assert build.processes(8, 100, build.PROCESS_BYTES - 1, cores) == 1
     assert build.processes(1, 100, plenty, cores) == 1
     assert build.processes(4, 0, 0, cores) == 1
     assert build.processes(8, 100, plenty, 3 * build.CORES_PER_PROCESS) == 3
     assert build.processes(2, 100, plenty, build.CORES_PER_PROCESS) == 1
+
+
+def test_workers_start_before_planning_and_only_those_worth_it_take_chunks(
+    tmp_path, texts, monkeypatch
+):
+    assert buildpool.most_processes(16, 16) == 16 // buildpool.CORES_PER_PROCESS
+    assert buildpool.most_processes(3, 64) == 3 and buildpool.most_processes(8, 1) == 1
+    source = corpus(tmp_path / "corpus", texts)
+    _, cache_one = run(tmp_path, "one", source, 1)
+    monkeypatch.setattr(build, "available_cores", lambda: 3 * build.CORES_PER_PROCESS)
+    planned: list[int] = []
+    real = build.planned_job
+
+    def planning(config, name):  # how many workers were asked for when planning began
+        planned.append(len(multiprocessing.active_children()))
+        return real(config, name)
+
+    monkeypatch.setattr(build, "planned_job", planning)
+    # Two workers start; the sources are worth one process (this one): no chunk goes to them.
+    small, cache_small = run(tmp_path, "small", source, 3)
+    assert planned == [2] and "with 1 of 3 process(es)" in small, (planned, small)
+    assert store_files(cache_small) == store_files(cache_one)
+    assert not multiprocessing.active_children()  # the build ended its workers
+    monkeypatch.setattr(build, "PROCESS_BYTES", 1)
+    shared, cache_shared = run(tmp_path, "shared", source, 3)
+    assert planned == [2, 2] and "with 3 process(es)" in shared, (planned, shared)
+    assert store_files(cache_shared) == store_files(cache_one)
+    assert not multiprocessing.active_children()
 
 
 def test_threads_and_worker_processes_write_the_bytes_one_thread_writes(

@@ -94,8 +94,6 @@ def _local_batch(cfg: configmod.Config, job_name: str, step: int, rank: int, wor
 
 
 def cmd_build(args) -> int:
-    from tokenfeed.server.offline.build import build
-
     logs.configure("text", logging.WARNING)
     cfg = _load(args)
     names = [cfg.job(args.job).name] if args.job else cfg.job_names()
@@ -104,7 +102,14 @@ def cmd_build(args) -> int:
 
         build_on_ray(cfg, names, args.ray, args.workers)
         return 0
-    build(cfg, names, args.workers or os.cpu_count() or 1)
+    from tokenfeed.server.offline import buildpool
+
+    workers = args.workers or os.cpu_count() or 1
+    # The first job's worker processes start before this one imports what a build needs.
+    started = buildpool.start_for(cfg, names[0], workers) if names else None
+    from tokenfeed.server.offline.build import build
+
+    build(cfg, names, workers, started=started)
     return 0
 
 

@@ -3,7 +3,9 @@
 The parent lists the sources and plans the chunks once, then tokenizes chunks in sample order
 itself, on every core, from the first moment; worker processes (up to `--workers` in all, one
 per core by default, but no more than there are chunks, PROCESS_BYTES of sources or
-CORES_PER_PROCESS cores for: see `processes`) take chunks too as soon as each is up. Every one
+CORES_PER_PROCESS cores for: see `processes`) take chunks too as soon as each is up; they start
+before the job is planned, by `tokenfeed build` before it imports this module (buildpool.py).
+Every one
 writes to the store: the local cache directory (`server.cache_dir`), and the shared store when
 `store.uri` is set (then bodies are published there and only manifests are kept locally).
 Within a process, a chunk's reading, parsing and writing overlap its tokenizing where the
@@ -22,8 +24,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import math
-import multiprocessing
-import os
 import queue
 import sys
 import threading
@@ -32,53 +32,48 @@ from typing import TextIO
 
 from tokenfeed.server.indexing.index import DatasetIndex
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.offline.chunkbuild import (
+from tokenfeed.server.offline.buildpool import (
+    CORES_PER_PROCESS,
+    Workers,
+    available_cores,
+    most_processes,
+)
+from tokenfeed.server.offline.buildpool import build_chunk as build_chunk_in_worker
+from tokenfeed.server.offline.chunkbuild import (  # build_chunk, chunk_builder: for raybuild.py
     Done,
-    build_chunk,
+    build_chunk,  # noqa: F401
     build_in,
-    chunk_builder,
+    chunk_builder,  # noqa: F401
     planned_job,
 )
 from tokenfeed.server.offline.progressline import ProgressLine
 from tokenfeed.server.settings.config import Config
-from tokenfeed.server.source.chunks import Chunk
 
-# Sources per worker process at least. A process costs about a second of a core to start
-# (a new Python and its imports; bench/tokenization.py); this one tokenizes on every core from
-# the start, so another is worth starting only for work well beyond that: 128 MiB of text is
-# about a minute of a core with HF's engine, 20 s with tiktoken.
-PROCESS_BYTES = 128 * 2**20
-# Cores per process at least. Every process's tokenizer runs on all cores; another process pays
-# off where one cannot keep them busy (its GIL: parsing, and tiktoken's per-document calls).
-# On 2 cores a second process made a 47 MB build slower (tiktoken: 6.0-9.8 s against 4.9-8.4 s
-# alone, 4 rounds) and HF's no faster, so 2 cores get one.
-CORES_PER_PROCESS = 2
-
-
+# Sources per worker process at least. A worker costs about 0.8 s of a core to start (a new
+# Python, its imports, its tokenizer), but `tokenfeed build` starts its workers before it
+# imports what a build needs (buildpool.py), so they start while this process starts, lists and
+# plans: 4 MiB of text, about 1.3 s of a core with tiktoken (5 s with HF's engine), is worth one.
+PROCESS_BYTES = 4 * 2**20
 # Chunks this process builds at once: while one is read or written (I/O, no GIL), the other
 # tokenizes; as in a server's `tokenize` pool (server.tokenize_threads, default 2).
 LOCAL_THREADS = 2
 
 
-_worker: Job | None = None
-
-
-def _init_worker(config: Config, name: str) -> None:
-    global _worker
-    _worker = chunk_builder(config, name)
-
-
-def _build_chunk(d: int, i: int, chunk: Chunk) -> Done:
-    """In a worker process."""
-    if _worker is None:
-        raise RuntimeError("a build worker process was started without _init_worker")
-    return build_chunk(_worker, d, i, chunk)
-
-
-def build(config: Config, names: list[str], workers: int, out: TextIO = sys.stderr) -> int:
+def build(
+    config: Config,
+    names: list[str],
+    workers: int,
+    out: TextIO = sys.stderr,
+    started: Workers | None = None,
+) -> int:
     """Build the named jobs' token stores on up to `workers` processes, this one included;
-    returns the number of chunks tokenized."""
-    return sum(_build_job(config, name, workers, out) for name in names)
+    returns the number of chunks tokenized. `started`: the first job's worker processes, started
+    before this module was imported (buildpool.start_for)."""
+    total = 0
+    for k, name in enumerate(names):
+        early = started if k == 0 and started is not None else None
+        total += _build_job(config, name, workers, out, early)
+    return total
 
 
 def processes(workers: int, chunks: int, source_bytes: int, cores: int) -> int:
@@ -87,15 +82,6 @@ def processes(workers: int, chunks: int, source_bytes: int, cores: int) -> int:
     CORES_PER_PROCESS cores for."""
     most = min(chunks, math.ceil(source_bytes / PROCESS_BYTES), cores // CORES_PER_PROCESS)
     return max(1, min(workers, most))
-
-
-def available_cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _ready() -> None:
-    """In a worker process: nothing; its answer says the process is up (its initializer ran)."""
 
 
 class _Builders:
@@ -152,7 +138,7 @@ class _Builders:
         item = self._next()
         if item is not None and self.pool is not None:
             d, i = item
-            f = self.pool.submit(_build_chunk, d, i, self.job.indexes[d].chunks[i])
+            f = self.pool.submit(build_chunk_in_worker, d, i, self.job.indexes[d].chunks[i])
             self.futures.add(f)
             f.add_done_callback(lambda f: self.results.put(("worker", f)))
 
@@ -190,8 +176,19 @@ class _Builders:
                 thread.join()
 
 
-def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
-    job = planned_job(config, name)
+def _build_job(config: Config, name: str, workers: int, out: TextIO, early: Workers | None) -> int:
+    cores = available_cores()
+    # The workers start before the job is planned: their start-up overlaps the planning.
+    if early is None or early.name != name:
+        early = Workers.start(config, name, most_processes(workers, cores) - 1)
+    try:
+        return _build_planned(planned_job(config, name), workers, cores, out, early)
+    finally:
+        early.shutdown()
+
+
+def _build_planned(job: Job, workers: int, cores: int, out: TextIO, started: Workers) -> int:
+    name = job.name
     todo = [(d, int(i)) for d, idx in enumerate(job.indexes) for i in idx.order0]
     # Chunks stored before (an earlier, interrupted build) are indexed from their manifests.
     before = {
@@ -202,8 +199,7 @@ def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
     total_bytes = sum(c.raw_bytes for idx in job.indexes for c in idx.chunks)
     left = [(d, i) for d, i in todo if (d, i) not in before]
     left_bytes = sum(job.indexes[d].chunks[i].raw_bytes for d, i in left)
-    cores = available_cores()
-    used = processes(workers, len(left), left_bytes, cores)
+    used = min(processes(workers, len(left), left_bytes, cores), len(started.ready) + 1)
     how = f"{used} process(es)"
     if used < workers:
         how = (
@@ -223,27 +219,18 @@ def _build_job(config: Config, name: str, workers: int, out: TextIO) -> int:
         entry, units = idx.index_chunk(i)
         idx.record(i, entry, units)
         progress.add(Done(d, i, entry, units, idx.chunks[i].raw_bytes, False))
-    pool = None
-    if used > 1:
-        pool = cf.ProcessPoolExecutor(
-            used - 1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(config, name),
-        )
+    pool = started.pool if used > 1 else None
     builders = _Builders(job, left, pool)
     try:
-        # Worker processes start now, after the scan above cleaned the store; this process
-        # builds from the first moment, so their start-up delays nothing.
-        builders.start([pool.submit(_ready) for _ in range(used - 1)] if pool else [])
+        # This process builds from the first moment; each worker takes chunks once it is up
+        # (most are by now: they started before the job was planned).
+        builders.start(started.ready[: used - 1] if pool else [])
         for _ in left:
             done = builders.take()
             job.indexes[done.dataset].record(done.chunk, done.entry, done.units)
             progress.add(done)
     finally:
         builders.stop()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
     if progress.tty:
         out.write("\n")
     for idx in job.indexes:
