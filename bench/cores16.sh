@@ -10,7 +10,7 @@
 #
 #     OUT=/some/dir bash bench/cores16.sh
 #
-# WORKERS (1,2,4,8,16), RANKS (16), TOKENS (64000000 a measured stream), WARM_MB (640 MiB of
+# WORKERS (1,2,4,8,16), RANKS (16), TOKENS (128000000 a measured stream), WARM_MB (640 MiB of
 # tokens each job streams before the rounds: bench/wire.py) and MB (31) change the
 # sizes, e.g. to try the script on a small machine first; SERVE_S (300) and BUILD_S (150) its
 # steps' time limits; PY skips `make env` (see below).
@@ -53,9 +53,10 @@ if [ -z "${PY:-}" ]; then
 fi
 echo "python used: $("$PY" --version 2>&1)" >>"$OUT/machine.txt"
 
-# 64 M tokens a measured stream: 16 consumers read 4 M tokens each (about 240 steps).
+# 128 M tokens a measured stream: 16 consumers read 8 M tokens each (about 490 steps), a second
+# or more on 16 cores, so a stream's first batches (its pipeline filling) weigh little.
 step serving "${SERVE_S:-300}" "$PY" -m bench.wire --quick --workers "${WORKERS:-1,2,4,8,16}" \
-    --ranks "${RANKS:-16}" --tokens "${TOKENS:-64000000}" --warm-up-mb "${WARM_MB:-640}"
+    --ranks "${RANKS:-16}" --tokens "${TOKENS:-128000000}" --warm-up-mb "${WARM_MB:-640}"
 # The 31 MB corpus, 2 rounds, no Ray cluster.
 step tokenization "${BUILD_S:-150}" "$PY" -m bench.tokenization --quick --no-ray --mb "${MB:-31}" --rounds 2
 
