@@ -151,3 +151,49 @@ def test_a_stream_lays_out_its_next_blocks_buffers_while_it_sends(tmp_path, corp
         want = reference.batch(step, 0, 1)[1]
         for name in ("input_ids", "position_ids"):
             assert np.array_equal(wire.expand(compact, name), want[name])
+
+
+def test_a_nodes_processes_start_at_their_own_place_and_map_each_others_buffers(
+    tmp_path, corpus, monkeypatch
+):
+    from tokenfeed.server.pack.sharedrows import SharedRows
+
+    reference = _job(tmp_path / "ref", corpus)
+    spe = reference.steps_per_epoch
+    steps = list(range(spe + 1, spe + 9))
+    procs = []
+    for k, turn in enumerate((1, 2)):  # two serving processes of one node
+        job = _job(tmp_path / f"cache-{k}", corpus)
+        rows = job.assembler.rows
+        rows.shared, rows._identity = SharedRows(tmp_path / "shm", 1 << 30), lambda: "fp"
+        rows.shared.turn = turn
+        laid: list[tuple[int, int]] = []
+        real = rows._lay_out
+
+        def lay_out(key, epoch, c, position, real=real, laid=laid):
+            laid.append((epoch, position))
+            return real(key, epoch, c, position)
+
+        monkeypatch.setattr(rows, "_lay_out", lay_out)
+        procs.append((job, laid))
+    plan = procs[0][0].plan_steps(steps, 0, 1)
+    order = sorted({(k[1], k[3]) for k in plan.buffers}, reverse=True)
+    assert len(order) > 2
+
+    def opened(job):
+        async def run():
+            with ThreadPoolExecutor(2) as pool:
+                await job.open_chunks(job.plan_steps(steps, 0, 1), pool)
+
+        asyncio.run(run())
+        return job.assemble_group(job.plan_steps(steps, 0, 1), len(steps))
+
+    (first, laid), (second, none_laid) = procs
+    got = opened(first)
+    assert laid == order[1:] + order[:1]  # from its own place, round the list
+    again = opened(second)
+    assert none_laid == [] and second.assembler.rows.shared.mapped == len(order)
+    want = reference.assemble_group(reference.plan_steps(steps, 0, 1), len(steps))
+    for (e, c), (e2, c2) in ((got, want), (again, want)):
+        assert e == e2
+        assert np.array_equal(c.tokens, c2.tokens) and np.array_equal(c.starts, c2.starts)

@@ -111,7 +111,8 @@ class Assembler:
     async def open_chunks(self, plan: RowPlan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs. Row buffers
         are laid out in one task, from the last position of an epoch to the first: a buffer's
-        tail is then cut from the next buffer, laid out just before (bench/, wire section)."""
+        tail is then cut from the next buffer, laid out just before (bench/, wire section); in
+        a serving worker, from a place of its own in that order (`SharedRows.turn`)."""
         missing: list[Callable[[], object]] = []
         # Row buffers (concat rows and carry rows) are laid out in the epoch's order, with
         # their tails; best_fit rows read their chunks' tokens.
@@ -120,6 +121,13 @@ class Assembler:
             key=lambda k: (_dataset(k[0]), _segment(k[0]), k[1], k[3]),
             reverse=True,
         )
+        shared = self.rows.shared
+        if len(keys) > 1 and shared is not None:
+            # The node's serving processes read the same steps at the same time: each starts at
+            # its own place in the list (and goes round), so they lay out different buffers at
+            # once and map each other's, instead of all waiting on one writer after another.
+            turn = shared.turn % len(keys)
+            keys = keys[turn:] + keys[:turn]
         if keys:
             missing.append(partial(self.rows.lay_out_all, keys))
         chunks = {

@@ -77,6 +77,9 @@ class SharedRows:
         self._written = 0  # bytes written since the last sweep
         self.made = 0  # buffers this process laid out and wrote
         self.mapped = 0  # buffers this process mapped from another's file
+        # Where this process starts in a plan's list of missing buffers (assembly.open_chunks):
+        # a place of its own, so the node's processes lay out different buffers at once.
+        self.turn = os.getpid()
 
     def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
         """The buffer `name` (a relative path): mapped from its file, or laid out by `make` in
