@@ -1,6 +1,7 @@
 """Row buffers shared by a node's serving processes through files (pack/sharedrows.py): laid
 out once whoever asks, the same bytes mapped back; a damaged file is laid out again; a dead
-writer's lock is free at once, a too slow one not waited for; the directory stays under its budget."""
+writer's lock is free at once, a too slow one not waited for; the directory stays under its
+budget."""
 
 from __future__ import annotations
 
