@@ -24,6 +24,12 @@ SEQ_LEN, BATCH = 4096, 32
 BATCHES_PER_STALLED_STREAM = 3 + 1 + (2 - 1) + 3
 # Allocator and gRPC bookkeeping besides the batches.
 SLACK_MB = 64
+# The server keeps freed memory (docs/deployment.md: its RSS is its heap's high-water mark), and
+# where 300 streams' batches were freed in between decides how high that mark stands: 7.0-7.3
+# batches a stream in 17 runs on one machine, 9.2 in a CI run and 9.4 in a run before (about one
+# in ten). A quarter more than what the streams hold covers that; a stream that held batches
+# without bound grows far past it.
+FRAGMENTATION = 1.25
 
 
 def rss_mb(pid: int) -> float:
@@ -104,7 +110,7 @@ def test_streams_that_never_read_cost_bounded_memory(server):
     with grpc.insecure_channel(server.address) as channel:
         wire = pb_grpc.TokenFeedStub(channel).GetBatch(pb.GetBatchRequest(job="main", step=0))
     batch_mb = wire.ByteSize() / 2**20
-    bound = STALLED * BATCHES_PER_STALLED_STREAM * batch_mb + SLACK_MB
+    bound = STALLED * BATCHES_PER_STALLED_STREAM * batch_mb * FRAGMENTATION + SLACK_MB
     before = rss_mb(server.proc.pid)
     channels = [grpc.insecure_channel(server.address) for _ in range(STALLED // 10)]
     calls = []
