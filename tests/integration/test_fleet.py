@@ -122,16 +122,16 @@ def test_dns_target_resolves_to_the_servers(fleet):
 
 
 def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
-    a_cfg = write_config(
-        tmp_path / "a.yaml", {"main": job_spec([corpus / "*"], seed=1)}, tmp_path / "ca"
-    )
-    b_cfg = write_config(
-        tmp_path / "b.yaml", {"main": job_spec([corpus / "*"], seed=2)}, tmp_path / "cb"
-    )
+    # 64 ranks: each server is some rank's home (8 left all on one 1 time in 128: the ports
+    # are the kernel's, and so is which server the ranks' rendezvous picks).
+    world = 64
+    specs = [job_spec([corpus / "*"], seed=seed, global_batch_size=world) for seed in (1, 2)]
+    a_cfg = write_config(tmp_path / "a.yaml", {"main": specs[0]}, tmp_path / "ca")
+    b_cfg = write_config(tmp_path / "b.yaml", {"main": specs[1]}, tmp_path / "cb")
     a, b = ServerProcess(a_cfg, tmp_path / "a.log"), ServerProcess(b_cfg, tmp_path / "b.log")
     try:
         a.wait_ready("main"), b.wait_ready("main")
-        ranks = {r: rendezvous([a.address, b.address], "main", r)[0] for r in range(8)}
+        ranks = {r: rendezvous([a.address, b.address], "main", r)[0] for r in range(world)}
         on_a = next(r for r, addr in ranks.items() if addr == a.address)
         on_b = next(r for r, addr in ranks.items() if addr == b.address)
         with Client(f"{a.address},{b.address}", job="main") as c:
@@ -139,11 +139,11 @@ def test_servers_that_disagree_on_a_job_are_refused(tmp_path, corpus):
             # (docs/data-plan.md): refused at once, whichever server a rank reads from.
             for rank in (on_a, on_b):
                 with pytest.raises(JobMismatch, match="define this job differently"):
-                    c.get_batch(0, rank=rank, world_size=8)
+                    c.get_batch(0, rank=rank, world_size=world)
         with Client(f"{a.address},{b.address}", job="main", plan_check_seconds=0) as c:
-            c.get_batch(0, rank=on_a, world_size=8)  # without the comparison: each batch's
+            c.get_batch(0, rank=on_a, world_size=world)  # without the comparison: each batch's
             with pytest.raises(JobMismatch, match="define this job differently"):
-                c.get_batch(0, rank=on_b, world_size=8)  # job fingerprint still refuses
+                c.get_batch(0, rank=on_b, world_size=world)  # job fingerprint still refuses
     finally:
         a.stop(), b.stop()
 
