@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support import job_spec, write_config
-from tokenfeed.server.errors import BadRecordError
+from tokenfeed.server.errors import BadRecordError, JobFailedError
 from tokenfeed.server.offline import build, buildpool
 from tokenfeed.server.settings import config as configmod
 
@@ -115,3 +115,18 @@ def test_a_bad_record_fails_the_build_with_its_location_whichever_process_reads_
     with pytest.raises(BadRecordError) as failed:
         run(tmp_path, "strict", source, 3, bad_records="strict")
     assert f"part-1.jsonl:{len(texts) - 2}: malformed_json" in str(failed.value)
+
+
+def test_a_config_the_workers_cannot_open_is_reported_once_by_the_parent(
+    tmp_path, texts, monkeypatch, capfd
+):
+    # The workers start before the parent plans: a tokenizer nobody can read fails in each.
+    source = corpus(tmp_path / "corpus", texts)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    monkeypatch.setattr(build, "available_cores", lambda: 3 * build.CORES_PER_PROCESS)
+    with pytest.raises(JobFailedError, match="is not a tokenizer.json"):
+        run(tmp_path, "bad", source, 3, tokenizer=str(bad))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "tokenizer.json" not in err, err  # the workers said nothing
+    assert not multiprocessing.active_children()

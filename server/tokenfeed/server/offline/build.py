@@ -5,9 +5,9 @@ itself, on every core, from the first moment; worker processes (up to `--workers
 per core by default, but no more than there are chunks, PROCESS_BYTES of sources or
 CORES_PER_PROCESS cores for: see `processes`) take chunks too as soon as each is up; they start
 before the job is planned, by `tokenfeed build` before it imports this module (buildpool.py).
-Every one
-writes to the store: the local cache directory (`server.cache_dir`), and the shared store when
-`store.uri` is set (then bodies are published there and only manifests are kept locally).
+Every one writes to the store: the local cache directory (`server.cache_dir`), and the shared
+store when `store.uri` is set (then bodies are published there and only manifests are kept
+locally).
 Within a process, a chunk's reading, parsing and writing overlap its tokenizing where the
 engine allows (chunkmaker.py); across processes, one process's serial parts overlap the
 others' tokenizing.
@@ -153,7 +153,7 @@ class _Builders:
             future = value
             self.futures.discard(future)
             if kind == "ready":
-                future.result()  # a worker that could not start: BrokenProcessPool
+                future.result()  # raises: a worker that could not start, or make its job
                 self._submit()
                 continue
             done = future.result()

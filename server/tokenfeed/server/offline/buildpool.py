@@ -11,6 +11,7 @@ never handed a chunk (they end with the build)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import multiprocessing
 import os
 from dataclasses import dataclass, field
@@ -77,23 +78,37 @@ def start_for(config: Config, name: str, workers: int) -> Workers:
 
 
 _worker: Any = None  # in a worker process: the job that builds the chunks it is handed
+# In a worker process: why its job could not be made. Kept, not raised, so that a config the
+# parent refuses too (it plans after the workers start) is reported once, by the parent, and
+# not also as a traceback per worker; `_ready` and `build_chunk` raise it to the parent.
+_failed: BaseException | None = None
 
 
 def _init_worker(config: Config, name: str) -> None:
     from tokenfeed.server.offline.chunkbuild import chunk_builder
 
-    global _worker
-    _worker = chunk_builder(config, name)
+    global _worker, _failed
+    logging.disable(logging.CRITICAL)  # what goes wrong here, the parent reports
+    try:
+        _worker = chunk_builder(config, name)
+    except Exception as e:  # noqa: BLE001 - raised where the parent asks (_ready, build_chunk)
+        _failed = e
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def build_chunk(d: int, i: int, chunk: Chunk) -> Done:
     """In a worker process: chunk i of dataset d built (chunkbuild.build_chunk)."""
     from tokenfeed.server.offline.chunkbuild import build_chunk as build_in_worker
 
+    _ready()
     if _worker is None:
         raise RuntimeError("a build worker process was started without _init_worker")
     return build_in_worker(_worker, d, i, chunk)
 
 
 def _ready() -> None:
-    """In a worker process: nothing; its answer says the process is up (its initializer ran)."""
+    """In a worker process: its answer says the process is up (its initializer ran); raises
+    why the worker could not make its job, if it could not."""
+    if _failed is not None:
+        raise _failed

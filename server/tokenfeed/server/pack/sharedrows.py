@@ -16,10 +16,10 @@ is harmless: files are written whole under a temporary name and renamed. A file 
 (its xxh3-128) when it is mapped; one that fails the check is laid out again and rewritten.
 One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
 the buffer's lock file, which the kernel lets go when the process ends however it ends (a dead
-writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us, doubling
-to 1 ms), so it maps the file within about a millisecond of its writing. The directory is kept under
-a byte budget: oldest files first are removed; a process that maps a removed file keeps its
-pages until it drops the mapping.
+writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us,
+doubling to 1 ms), so it maps the file within about a millisecond of its writing. The
+directory is kept under a byte budget: oldest files first are removed; a process that maps a
+removed file keeps its pages until it drops the mapping.
 """
 
 from __future__ import annotations
