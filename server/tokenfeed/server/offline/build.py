@@ -67,12 +67,16 @@ def build(
     started: Workers | None = None,
 ) -> int:
     """Build the named jobs' token stores on up to `workers` processes, this one included;
-    returns the number of chunks tokenized. `started`: the first job's worker processes, started
-    before this module was imported (buildpool.start_for)."""
+    returns the number of chunks tokenized. `started`: one job's worker processes, started
+    before this module was imported (buildpool.start_for); they end with the build."""
     total = 0
-    for k, name in enumerate(names):
-        early = started if k == 0 and started is not None else None
-        total += _build_job(config, name, workers, out, early)
+    try:
+        for name in names:
+            early = started if started is not None and started.name == name else None
+            total += _build_job(config, name, workers, out, early)
+    finally:
+        if started is not None:
+            started.shutdown()
     return total
 
 
@@ -179,7 +183,7 @@ class _Builders:
 def _build_job(config: Config, name: str, workers: int, out: TextIO, early: Workers | None) -> int:
     cores = available_cores()
     # The workers start before the job is planned: their start-up overlaps the planning.
-    if early is None or early.name != name:
+    if early is None:
         early = Workers.start(config, name, most_processes(workers, cores) - 1)
     try:
         return _build_planned(planned_job(config, name), workers, cores, out, early)

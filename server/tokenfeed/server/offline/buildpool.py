@@ -45,15 +45,14 @@ class Workers:
     """A job's build worker processes, started (`start`); `ready`: one future per process asked
     for, done once a process is up (its tokenizer loaded)."""
 
-    config: Any  # Config
-    name: str
+    name: str  # the job they build
     pool: cf.ProcessPoolExecutor | None = None
     ready: list[cf.Future] = field(default_factory=list)
 
     @classmethod
     def start(cls, config: Config, name: str, processes: int) -> Workers:
         """`processes` worker processes for job `name` (none for 0), starting now."""
-        workers = cls(config, name)
+        workers = cls(name)
         if processes > 0:
             workers.pool = cf.ProcessPoolExecutor(
                 processes,
