@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The server's C extension (setup.py), rebuilt in place when its source changes.
+# The server's C extensions (setup.py), rebuilt in place when their sources change.
 NATIVE := $(VENV)/.native
 
 .PHONY: env tools demo test test-unit check lint types protos config-docs bench bench-quick clean
@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt mosaicml-streaming
 	touch $(STAMP)
 
-$(NATIVE): $(STAMP) setup.py server/tokenfeed/server/pack/_gather.c
+$(NATIVE): $(STAMP) setup.py server/tokenfeed/server/pack/_gather.c \
+		server/tokenfeed/server/sampling/_feistel.c
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@$(PY) -c "from tokenfeed.server.pack import gather as g; g.NATIVE or print('warning: \
 	no C compiler, so no tokenfeed.server.pack._gather: serving copies with numpy (slower)')"

@@ -1,6 +1,8 @@
-"""The server's one C extension (tokenfeed.server.pack._gather: range copies with the GIL
-released). `optional`: without a C compiler the package installs without it and
-tokenfeed.server.pack.gather copies with numpy instead (the same bytes, slower)."""
+"""The server's C extensions: tokenfeed.server.pack._gather (range copies with the GIL released,
+the starts inside rows) and tokenfeed.server.sampling._feistel (the sample order's Feistel
+network). `optional`: without a C compiler the package installs without them and
+tokenfeed.server.pack.gather and sampling.order run their numpy twins instead (the same bytes,
+slower)."""
 
 from setuptools import Extension, setup
 
@@ -11,6 +13,12 @@ setup(
             ["server/tokenfeed/server/pack/_gather.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "tokenfeed.server.sampling._feistel",
+            ["server/tokenfeed/server/sampling/_feistel.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -13,8 +13,9 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# A C compiler for the server's one extension (tokenfeed.server.pack._gather: serving's range
-# copies with the GIL released); it stays in this stage, the runtime image gets the built venv.
+# A C compiler for the server's extensions (tokenfeed.server.pack._gather: serving's range
+# copies with the GIL released; tokenfeed.server.sampling._feistel: the sample order's Feistel
+# network); it stays in this stage, the runtime image gets the built venv.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -23,11 +24,12 @@ COPY client/ client/
 COPY server/ server/
 # The same command as a developer's install: exact versions from constraints.txt. Every
 # dependency ships manylinux wheels for amd64 and arm64; the check fails the build if the
-# extension was not built (the server would copy with numpy instead, slower).
+# extensions were not built (the server would run their numpy twins instead, slower).
 RUN python -m venv /opt/tokenfeed \
  && /opt/tokenfeed/bin/pip install -c constraints.txt ./client . \
  && /opt/tokenfeed/bin/tokenfeed --help >/dev/null \
- && /opt/tokenfeed/bin/python -c "from tokenfeed.server.pack import gather; assert gather.NATIVE"
+ && /opt/tokenfeed/bin/python -c "from tokenfeed.server.pack import gather; assert gather.NATIVE" \
+ && /opt/tokenfeed/bin/python -c "from tokenfeed.server.sampling import _feistel"
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE}

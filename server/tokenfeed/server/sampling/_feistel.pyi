@@ -1,0 +1,6 @@
+from collections.abc import Sequence
+
+from typing_extensions import Buffer
+
+def feistel(x: Buffer, out: Buffer, half: int, keys: Sequence[int], inverse: bool, /) -> None: ...
+def permutation(n: int, half: int, keys: Sequence[int], out: Buffer, /) -> None: ...
