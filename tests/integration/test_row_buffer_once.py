@@ -66,9 +66,9 @@ def test_a_plans_buffers_are_laid_out_once_with_tails_cut_from_the_next(
     verified: list[tuple[int, int]] = []
     real_verified = job.assembler.opened.verified
 
-    def counted(d, c):
+    def counted(d, c, here=False):
         verified.append((d, c))
-        return real_verified(d, c)
+        return real_verified(d, c, here)
 
     monkeypatch.setattr(job.assembler.opened, "verified", counted)
 

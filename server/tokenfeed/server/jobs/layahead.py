@@ -5,8 +5,9 @@ its chunks within a few steps, and each of their row buffers (the chunk's docume
 epoch's order, rowlayout.row_buffer) must be laid out first: an epoch's first read of a chunk.
 Streams lay out what their next steps read themselves, just before they read it; this lays out
 every buffer of the window the job's furthest request is in, and of the next few windows, once
-per window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out in
-its prefetch thread, before its streams need them; a supervisor of serving workers lays them
+per window, as prefetch follows the trainers (prefetch.keep_ahead). A lone server lays them out
+before its streams need them, on its event loop where they are small and their chunks mapped
+(`lay_out_soon`), else in its prefetch thread; a supervisor of serving workers lays them
 out in its own process and writes them to the node's shared row buffers (pack/sharedrows.py),
 which its workers map: the layout of an epoch is paid once for all ranks and off every serving
 process (bench/, wire section).
@@ -21,7 +22,9 @@ buffer's bytes are decided by its key, whoever lays it out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from tokenfeed.server.jobs.job import Job
@@ -132,6 +135,26 @@ def _keys(lay: order.EpochLayout, d: int, e: int, w: int) -> list[Key]:
     a = w * lay.window_chunks
     chunks = lay.chunk_order[a : a + lay.window_chunks].tolist()
     return [(d, e, chunks[i], a + i) for i in reversed(range(len(chunks)))]
+
+
+async def lay_out_soon(job: Job, keys: list[Key], executor: Executor) -> None:
+    """Lay out the row buffers `keys`, in order: on the event loop while each can be
+    (RowBuffers.lay_out_here: a small buffer of mapped chunks, its chunk pinned meanwhile),
+    letting the loop's other tasks run after each; the rest in one call of `lay_out` on
+    `executor`. A failure is left to the streams that read them."""
+    rows, loop = job.assembler.rows, asyncio.get_running_loop()
+    todo = [k for k in keys if not rows.buffers.contains((k[0], k[1], k[2]))]
+    for i, (d, e, c, position) in enumerate(todo):
+        try:
+            with job.store.cache.pinned([("chunk", job.indexes[d].keys[c])]):
+                here = rows.lay_out_here(d, e, c, position)
+        except Exception as exc:  # noqa: BLE001 - the streams meet it again and report it
+            log.debug("job %s: row buffers not laid out ahead: %s", job.name, exc)
+            return
+        if not here:
+            await loop.run_in_executor(executor, lay_out, job, todo[i:])
+            return
+        await asyncio.sleep(0)
 
 
 def lay_out(job: Job, keys: list[Key]) -> int:

@@ -43,7 +43,6 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
     p = job.progress
     windows = WindowChunks(job)
     ahead = layahead.WindowLayouts(job, rows_budget) if rows_budget else None
-    loop = asyncio.get_running_loop()
     while steps and job.state == READY:
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
@@ -72,7 +71,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
                 log.debug("job %s: no row buffers ahead: %s", job.name, e)
                 keys = []
             if keys:
-                await loop.run_in_executor(executor, layahead.lay_out, job, keys)
+                await layahead.lay_out_soon(job, keys, executor)
         metrics.PREFETCH_LEAD_STEPS.labels(job.name).set(max(p.lead_steps, 0))
         metrics.PREFETCH_LEAD_SECONDS.labels(job.name).set(p.lead_seconds)
 

@@ -111,8 +111,9 @@ class Assembler:
     async def open_chunks(self, plan: RowPlan, executor: Executor) -> None:
         """Open (verify, or rebuild) in a worker thread the chunks a plan needs. Row buffers
         are laid out in one task, from the last position of an epoch to the first: a buffer's
-        tail is then cut from the next buffer, laid out just before (bench/, wire section); in
-        a serving worker, from a place of its own in that order (`SharedRows.turn`)."""
+        tail is then cut from the next buffer, laid out just before (bench/, wire section); on
+        the event loop while they can be (`lay_out_here`), the rest in that thread; in a
+        serving worker, from a place of its own in that order (`SharedRows.turn`)."""
         missing: list[Callable[[], object]] = []
         # Row buffers (concat rows and carry rows) are laid out in the epoch's order, with
         # their tails; best_fit rows read their chunks' tokens.
@@ -128,6 +129,7 @@ class Assembler:
             # once and map each other's, instead of all waiting on one writer after another.
             turn = shared.turn % len(keys)
             keys = keys[turn:] + keys[:turn]
+        keys = await self.lay_out_here(keys)
         if keys:
             missing.append(partial(self.rows.lay_out_all, keys))
         chunks = {
@@ -143,6 +145,16 @@ class Assembler:
             except (SourceError, BadRecordError) as e:
                 self._fail(str(e))
                 raise JobFailedError(str(e)) from e
+
+    async def lay_out_here(self, keys: list[tuple[Any, int, int, int]]) -> list:
+        """Lay out row buffers `keys` in order on the event loop while each can be
+        (`RowBuffers.lay_out_here`: small, its chunks mapped), letting the loop's other tasks
+        run after each; the keys from the first that cannot, left to a thread."""
+        for i, key in enumerate(keys):
+            if not self.rows.lay_out_here(*key):
+                return keys[i:]
+            await asyncio.sleep(0)
+        return []
 
     # ---------------------------------------------------------------- batches
 

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 
+class NotMapped(Exception):
+    """A chunk that `verified(..., here=True)` would have to open (map, check or rebuild):
+    the caller, on the event loop, leaves its work to a thread."""
+
+
 class _Named(Protocol):
     @property
     def name(self) -> str: ...
@@ -122,7 +127,15 @@ class OpenedChunks:
 
         return self._streams.get_or_make((d, epoch, c), make)
 
-    def verified(self, d: int, c: int) -> TokenChunk:
+    def mapped(self, d: int, c: int) -> bool:
+        """Chunk c is open here, its tokens' sum known and its body still stored: `verified`
+        then reads memory only (unless the body was damaged since)."""
+        key = self.indexes[d].keys[c]
+        return (
+            self._open.peek((d, c)) is not None and key in self._sums and not self.store.gone(key)
+        )
+
+    def verified(self, d: int, c: int, here: bool = False) -> TokenChunk:
         """Chunk c opened with its tokens checked now, whatever was checked before: what is
         served is copied from it (a stream laid out, best_fit's tokens), so damage to a body
         while the server runs is found at the next copy, and the chunk rebuilt, never served.
@@ -130,12 +143,16 @@ class OpenedChunks:
         open) and keeps an xxh3-128 of the tokens as mapped; a later copy from the same
         mapping compares the tokens with that at memory speed (BLAKE2b on every epoch's
         layout cost about 3 ns a token, more than the rest of serving: bench/, wire section),
-        and on a mismatch checks the digests again, which drops and rebuilds a damaged body."""
+        and on a mismatch checks the digests again, which drops and rebuilds a damaged body.
+        `here` (the event loop): NotMapped instead of opening the chunk (disk reads, digests,
+        perhaps a rebuild), which the caller leaves to a thread."""
         key = self.indexes[d].keys[c]
         opened, want = self._open.peek((d, c)), self._sums.get(key)
         if opened is not None and want is not None and not self.store.gone(key):
             if _tokens_sum(opened) == want:
                 return opened
+        if here:
+            raise NotMapped(key)
         self.store.forget_verified(key)
         self._open.discard((d, c))
         chunk = self.chunk(d, c)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.pack import rowlayout
-from tokenfeed.server.pack.opened import OpenedChunks
+from tokenfeed.server.pack.opened import NotMapped, OpenedChunks
 from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
 
@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
 BUFFERS_MAX = 1 << 20  # row buffers kept at most, whatever their bytes: about 100 MB of keys
+# Row buffers of chunks of at most this many tokens are laid out on the event loop where their
+# chunks are mapped (`lay_out_here`): about a millisecond each, between two of the loop's other
+# tasks. In a thread, each of a layout's hundred-odd small numpy steps let go of the GIL and
+# waited to get it back behind the serving thread: on 2 cores a [32, 4096] stream's layouts took
+# 0.67 ms of CPU each there against 0.4 ms on the loop, and the stream ran about a fifth slower
+# (bench/, wire section). A larger chunk's buffer goes to a thread: its fixed costs are spread
+# over more tokens, and its copy (the GIL let go) overlaps serving.
+LOOP_TOKENS = 1 << 20
 
 
 class RowBuffers:
@@ -106,15 +114,48 @@ class RowBuffers:
                 del self._making[key]
             making.set()
 
+    def lay_out_here(self, key: int | tuple[int, int], epoch: int, c: int, position: int) -> bool:
+        """Lay out a row buffer (`row_buffer`'s arguments) on the calling thread, the event
+        loop, where nothing can block it: a buffer of at most LOOP_TOKENS tokens whose chunks
+        (its own, and those its tail reads that are not laid out) are mapped and verified here,
+        that no thread is making, in a process that shares no buffers; whether it is laid out
+        (or already was). Else nothing is done and the caller hands it to a thread."""
+        d = _dataset(key)
+        if epoch < 0 or self.shared is not None or self.indexes[d].num_tokens[c] > LOOP_TOKENS:
+            return False
+        name = (key, epoch, c)
+        if self.buffers.contains(name):
+            return True
+        tail = self._tail(d, epoch, position, _segment(key))
+        for e, k in zip(tail.epoch.tolist(), tail.chunk.tolist(), strict=True):
+            if self.buffers.peek((d, e, k)) is None and not self.opened.mapped(d, k):
+                return False
+        if not self.opened.mapped(d, c):
+            return False
+        with self._making_lock:
+            if name in self._making:  # a thread is making it: that thread's to finish
+                return False
+            making = self._making[name] = threading.Event()
+        try:
+            self.buffers.get_or_make(name, partial(self._lay_out, key, epoch, c, position, True))
+        except NotMapped:  # damaged or evicted since the look: a thread opens it again
+            return False
+        finally:
+            with self._making_lock:
+                del self._making[name]
+            making.set()
+        return True
+
     def _lay_out(
-        self, key: int | tuple[int, int], epoch: int, c: int, position: int
+        self, key: int | tuple[int, int], epoch: int, c: int, position: int, here: bool = False
     ) -> rowlayout.RowBuffer:
         d, segment = (key, 0) if isinstance(key, int) else key
         t = self._tokenizer()
-        tail = self._laid(d, self._tail(d, epoch, position, segment))
+        tail = self._laid(d, self._tail(d, epoch, position, segment), here)
+        tokens = self.opened.verified(d, c, here).tokens  # before stream: that maps it
         return rowlayout.row_buffer(
             self.opened.stream(d, epoch, c),
-            self.opened.verified(d, c).tokens,
+            tokens,
             tail,
             t.bos_id,
             t.eos_id,
@@ -135,14 +176,18 @@ class RowBuffers:
         starts = np.union1d(np.concatenate([*found, np.array(joins, dtype=np.int64)]), [])
         return rowlayout.RowBuffer(ids, starts.astype(np.int64))
 
-    def _laid(self, d: int, pc: order.Pieces) -> list[rowlayout.RowBuffer]:
+    def _laid(self, d: int, pc: order.Pieces, here: bool = False) -> list[rowlayout.RowBuffer]:
         """Pieces of dataset d's chunks laid out, in order (their chunks pinned meanwhile)."""
         keys = [("chunk", self.indexes[d].keys[k]) for k in set(pc.chunk.tolist())]
         cols = (pc.epoch.tolist(), pc.chunk.tolist(), pc.lo.tolist(), pc.hi.tolist())
         with self.store.cache.pinned(keys):
-            return [self._tail_piece(d, e, k, lo, hi) for e, k, lo, hi in zip(*cols, strict=True)]
+            return [
+                self._tail_piece(d, e, k, lo, hi, here) for e, k, lo, hi in zip(*cols, strict=True)
+            ]
 
-    def _tail_piece(self, d: int, epoch: int, c: int, lo: int, hi: int) -> rowlayout.RowBuffer:
+    def _tail_piece(
+        self, d: int, epoch: int, c: int, lo: int, hi: int, here: bool = False
+    ) -> rowlayout.RowBuffer:
         """Stream positions [lo, hi) of chunk c in `epoch`: cut from its row buffer when that
         is laid out (copied from a verified chunk then), else copied from the chunk verified
         now. Both are the same bytes."""
@@ -150,7 +195,7 @@ class RowBuffers:
         if laid_out is not None:
             return laid_out.cut(lo, hi)
         t = self._tokenizer()
-        tokens = self.opened.verified(d, c).tokens
+        tokens = self.opened.verified(d, c, here).tokens
         return rowlayout.stream_slice(
             self.opened.stream(d, epoch, c), tokens, lo, hi, t.bos_id, t.eos_id, self._wire_dtype()
         )
