@@ -20,7 +20,7 @@ from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import FIRST_SEGMENT, WARM_STEPS, next_segment
-from tokenfeed.client._session import channel_options
+from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -43,7 +43,7 @@ class AsyncClient(ClientBase):
         if addr not in self._stubs:
             options = channel_options(self.session.policy)
             channel = self.credentials.aio_channel(addr, options)
-            self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
+            self._stubs[addr] = (channel, batch_stub(channel))
         return self._stubs[addr][1]
 
     async def close(self) -> None:
@@ -364,7 +364,7 @@ class _Stream:
             ):
                 batch = self.session.batch(msg, action.addr, expected_step=self._fetched)
                 await self._queue.put(batch)
-                self._fetched = msg.step + 1
+                self._fetched = batch.step + 1
         except TimeoutError:
             call.cancel()
             raise

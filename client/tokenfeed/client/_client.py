@@ -24,7 +24,7 @@ from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import WARM_STEPS, Prefetcher, Warmed
-from tokenfeed.client._session import channel_options
+from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
@@ -53,7 +53,7 @@ class Client(ClientBase):
                 raise ValueError("this Client is closed")
             if addr not in self._stubs:
                 channel = self.credentials.channel(addr, self._channel_options)
-                self._stubs[addr] = (channel, pb_grpc.TokenFeedStub(channel))
+                self._stubs[addr] = (channel, batch_stub(channel))
             return self._stubs[addr][1]
 
     def close(self) -> None:

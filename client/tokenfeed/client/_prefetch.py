@@ -215,10 +215,11 @@ class Prefetcher:
         try:
             for msg in call:
                 self._watchdog.pause()  # the trainer's time is not the server's silence
-                yield self.session.batch(msg, action.addr, expected_step=self.step)
+                batch = self.session.batch(msg, action.addr, expected_step=self.step)
+                yield batch
                 if self._stop.is_set():
                     return
-                self.step = msg.step + 1
+                self.step = batch.step + 1
                 self._watchdog.watch(call)
         finally:
             self._watchdog.pause()

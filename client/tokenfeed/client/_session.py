@@ -18,7 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from tokenfeed.client import wire
 from tokenfeed.client._plans import PlanWatch
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import (
@@ -30,6 +32,7 @@ from tokenfeed.client.errors import (
 from tokenfeed.client.fleet import Fleet
 from tokenfeed.client.waits import WaitMeters
 from tokenfeed.v1 import tokenfeed_pb2 as pb
+from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 1 << 30),
@@ -164,12 +167,14 @@ class Session:
             return Unavailable(f"no server address for target {self.fleet.target!r}")
         return DeadlineExceeded(f"no server answered for job {job!r} in time")
 
-    def batch(self, msg: pb.Batch, server: str, expected_step: int) -> Batch:
+    def batch(self, got: wire.Received | pb.Batch, server: str, expected_step: int) -> Batch:
+        """A received batch (`wire.received`, the stubs' deserializer), checked and admitted."""
+        msg, tokens = (got.msg, got.tokens) if isinstance(got, wire.Received) else (got, None)
         if msg.step != expected_step:
             raise TokenfeedClientError(
                 f"server {server} sent step {msg.step} where step {expected_step} was due"
             )
-        batch = Batch(msg, self.policy.verify, server)
+        batch = Batch(msg, self.policy.verify, server, tokens)
         self.expect_fingerprint(batch.job, batch.job_fingerprint, f"server {server}")
         if self.plans.saw(
             batch.job, batch.step, batch.plan_phase_start, batch.plan_fingerprint, server
@@ -207,3 +212,23 @@ class Session:
         return pb.StreamBatchesRequest(
             job=job, start_step=step, end_step=end or 0, rank=rank, world_size=world
         )
+
+
+def batch_stub(channel: Any) -> pb_grpc.TokenFeedStub:
+    """The service's stub on a sync or asyncio channel, whose GetBatch and StreamBatches hand
+    over `wire.Received` messages: a large batch's tokens stay where they were received."""
+    stub = pb_grpc.TokenFeedStub(channel)  # type: ignore[no-untyped-call]
+    service = "/tokenfeed.v1.TokenFeed/"
+    stub.GetBatch = channel.unary_unary(
+        service + "GetBatch",
+        request_serializer=pb.GetBatchRequest.SerializeToString,
+        response_deserializer=wire.received,
+        _registered_method=True,
+    )
+    stub.StreamBatches = channel.unary_stream(
+        service + "StreamBatches",
+        request_serializer=pb.StreamBatchesRequest.SerializeToString,
+        response_deserializer=wire.received,
+        _registered_method=True,
+    )
+    return stub
