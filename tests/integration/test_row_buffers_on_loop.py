@@ -6,6 +6,8 @@ before. Either way its bytes are the same."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -177,3 +179,53 @@ def test_the_lay_ahead_hands_what_it_cannot_lay_out_here_to_a_thread(
     loop_thread = asyncio.run(ahead())
     assert len(threads) == len(fresh) > 0 and loop_thread not in threads
     assert all(job.assembler.rows.buffers.contains(k[:3]) for k in keys)
+
+
+def test_a_serving_workers_loop_writes_or_maps_the_nodes_buffer_and_never_waits(
+    tmp_path, corpus, monkeypatch
+):
+    from tokenfeed.server.pack.sharedrows import SharedRows
+
+    reference = built_job(tmp_path / "ref", _spec(corpus))
+    workers = []
+    for k in range(2):  # two serving processes of one node, their chunks mapped
+        job = built_job(tmp_path / f"w{k}", _spec(corpus))
+        rows = job.assembler.rows
+        rows.shared, rows._identity = SharedRows(tmp_path / "shm", 1 << 30), lambda: "fp"
+        _map_all(job)
+        workers.append(job)
+    keys = sorted(workers[0].plan(workers[0].steps_per_epoch + 1, 0, 1).buffers)
+    (first, second), key = workers, keys[0]
+    # Another process is writing the first buffer: the loop leaves it to a thread, unwaited.
+    lock = tmp_path / "shm" / first.assembler.rows._file_name("fp", key[:3])
+    lock = lock.with_name(lock.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert first.assembler.rows.lay_out_here(*key) is False
+        assert not first.assembler.buffers.contains(key[:3])
+    finally:
+        holder.kill()
+        holder.wait(10)
+    threads = _laid_on(monkeypatch)
+    for k in keys:  # the first lays out and writes; the second maps what it wrote
+        assert first.assembler.rows.lay_out_here(*k) and second.assembler.rows.lay_out_here(*k)
+    made = {k[:3] for k in keys}
+    assert len(threads) == len(made) and set(threads) == {threading.get_ident()}
+    assert first.assembler.rows.shared.made == len(made)
+    assert second.assembler.rows.shared.mapped == len(made)
+    for k in keys:
+        want = reference.assembler.row_buffer(*k)
+        assert _same(second.assembler.row_buffer(*k), want)
+
+
+HOLD = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(60)\n"
+)

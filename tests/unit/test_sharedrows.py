@@ -140,6 +140,30 @@ def test_a_writer_too_slow_is_not_waited_for(tmp_path, monkeypatch):
         writer.wait(10)
 
 
+def test_on_the_event_loop_a_process_does_not_wait_for_another(tmp_path):
+    (tmp_path / "j").mkdir()
+    writer = _holder(tmp_path / "j" / "k.lock")
+    calls: list[int] = []
+
+    def make():
+        calls.append(1)
+        return buffer(9)
+
+    try:
+        began = time.monotonic()
+        assert SharedRows(tmp_path, 1 << 30).get_or_make_now("j/k", make, I32) is None
+        assert time.monotonic() - began < 0.5 and calls == []  # no wait, nothing laid out
+    finally:
+        writer.kill()
+        writer.wait(10)
+    first = SharedRows(tmp_path, 1 << 30)
+    got = first.get_or_make_now("j/k", make, I32)  # the lock is free: laid out and written
+    assert got is not None and equal(got, buffer(9)) and first.made == 1 and calls == [1]
+    second = SharedRows(tmp_path, 1 << 30)
+    again = second.get_or_make_now("j/k", make, I32)  # mapped from the file
+    assert again is not None and equal(again, buffer(9)) and second.mapped == 1 and calls == [1]
+
+
 def test_the_directory_stays_under_its_budget(tmp_path):
     n = 20
     size = 4000 * 4 + (4000 // 7) * 8 + sharedrows.HEADER.size

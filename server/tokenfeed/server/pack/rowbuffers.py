@@ -90,9 +90,7 @@ class RowBuffers:
         worker, mapped from another process's layout where there is one."""
         shared = self.shared
         if shared is not None and (identity := self._identity()):
-            dkey, epoch, c = key
-            name = f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
-            laid_out = make
+            name, laid_out = self._file_name(identity, key), make
 
             def make() -> rowlayout.RowBuffer:
                 return shared.get_or_make(name, laid_out, self._wire_dtype())
@@ -114,14 +112,21 @@ class RowBuffers:
                 del self._making[key]
             making.set()
 
+    @staticmethod
+    def _file_name(identity: str, key: tuple[Any, int, int]) -> str:
+        """A row buffer's file among the node's shared ones (sharedrows.py)."""
+        dkey, epoch, c = key
+        return f"{identity}/{_dataset(dkey)}-{_segment(dkey)}-{epoch}-{c}"
+
     def lay_out_here(self, key: int | tuple[int, int], epoch: int, c: int, position: int) -> bool:
         """Lay out a row buffer (`row_buffer`'s arguments) on the calling thread, the event
         loop, where nothing can block it: a buffer of at most LOOP_TOKENS tokens whose chunks
         (its own, and those its tail reads that are not laid out) are mapped and verified here,
-        that no thread is making, in a process that shares no buffers; whether it is laid out
-        (or already was). Else nothing is done and the caller hands it to a thread."""
+        that no thread here is making and, in a serving worker, that no other process of the
+        node is writing (its file is mapped, or laid out and written here); whether it is laid
+        out (or already was). Else nothing is done and the caller hands it to a thread."""
         d = _dataset(key)
-        if epoch < 0 or self.shared is not None or self.indexes[d].num_tokens[c] > LOOP_TOKENS:
+        if epoch < 0 or self.indexes[d].num_tokens[c] > LOOP_TOKENS:
             return False
         name = (key, epoch, c)
         if self.buffers.contains(name):
@@ -136,9 +141,22 @@ class RowBuffers:
             if name in self._making:  # a thread is making it: that thread's to finish
                 return False
             making = self._making[name] = threading.Event()
+        make: Callable[[], rowlayout.RowBuffer] = partial(
+            self._lay_out, key, epoch, c, position, True
+        )
+        shared = self.shared
+        if shared is not None and (identity := self._identity()):
+            laid_out, file = make, self._file_name(identity, name)
+
+            def make() -> rowlayout.RowBuffer:
+                found = shared.get_or_make_now(file, laid_out, self._wire_dtype())
+                if found is None:  # another process is laying it out: a thread waits for it
+                    raise NotMapped(file)
+                return found
+
         try:
-            self.buffers.get_or_make(name, partial(self._lay_out, key, epoch, c, position, True))
-        except NotMapped:  # damaged or evicted since the look: a thread opens it again
+            self.buffers.get_or_make(name, make)
+        except NotMapped:  # damaged or evicted since the look, or being laid out elsewhere
             return False
         finally:
             with self._making_lock:

@@ -17,7 +17,8 @@ is harmless: files are written whole under a temporary name and renamed. A file 
 One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
 the buffer's lock file, which the kernel lets go when the process ends however it ends (a dead
 writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us,
-doubling to 1 ms), so it maps the file within about a millisecond of its writing. The
+doubling to 1 ms), so it maps the file within about a millisecond of its writing; on the event
+loop a process does not wait (`get_or_make_now`) and leaves the buffer to a thread. The
 directory is kept under a byte budget: oldest files first are removed; a process that maps a
 removed file keeps its pages until it drops the mapping.
 """
@@ -83,7 +84,23 @@ class SharedRows:
 
     def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
         """The buffer `name` (a relative path): mapped from its file, or laid out by `make` in
-        this process (and written for the others) when no file holds it."""
+        this process (and written for the others) when no file holds it; where another
+        process is laying it out, mapped once that one has written it."""
+        found = self._get_or_make(name, make, dtype, wait=True)
+        if found is None:
+            raise RuntimeError(f"row buffer {name}: neither mapped nor laid out")
+        return found
+
+    def get_or_make_now(
+        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype
+    ) -> RowBuffer | None:
+        """`get_or_make` without waiting (the event loop): None where another process is
+        laying the buffer out."""
+        return self._get_or_make(name, make, dtype, wait=False)
+
+    def _get_or_make(
+        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, wait: bool
+    ) -> RowBuffer | None:
         path = self.root / name
         found = self._read(path, dtype)
         if found is not None:
@@ -92,7 +109,9 @@ class SharedRows:
         lock = path.with_name(path.name + ".lock")
         fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            if not _locked(fd, time.monotonic() + WAIT_SECONDS):
+            if not wait and not _locked(fd, 0.0):
+                return None
+            if wait and not _locked(fd, time.monotonic() + WAIT_SECONDS):
                 # A writer slower than WAIT_SECONDS: lay it out here, write nothing.
                 metrics.ROW_BUFFERS.labels("unshared").inc()
                 return make()
