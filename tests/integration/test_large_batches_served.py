@@ -1,5 +1,5 @@
 """Large batches through a real server: the client reads their tokens where gRPC received them
-(wire.received, no copy), by GetBatch, StreamBatches and the asyncio client alike, and they
+(_received.received, no copy), by GetBatch, StreamBatches and the asyncio client alike, and they
 are the batches the job makes in process, fingerprint and tensors."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 from support import DATA, ServerProcess, built_job, job_spec, write_config
 from tokenfeed.client import AsyncClient, wire
+from tokenfeed.client._received import IN_PLACE_BYTES
 
 STEPS = range(0, 5)
 
@@ -49,7 +50,7 @@ def test_large_batches_are_read_in_place_and_equal_the_jobs(tmp_path):
         for batch in got:
             # A view of the received message, not a bytes object of its own.
             assert isinstance(_owner(batch.compact.tokens), memoryview)
-            assert batch.compact.tokens.nbytes >= wire.IN_PLACE_BYTES
+            assert batch.compact.tokens.nbytes >= IN_PLACE_BYTES
             epoch, want = reference.batch(batch.step, 1, 2)
             assert batch.epoch == epoch
             for name in wire.TENSOR_NAMES:

@@ -57,6 +57,17 @@ def _map_all(job) -> None:
         job.assembler.opened.verified(0, c)
 
 
+def _lay_ahead(job, keys) -> int:
+    """layahead.lay_out_soon of `keys` on an event loop (and a pool); the loop's thread."""
+
+    async def ahead():
+        with ThreadPoolExecutor(2) as pool:
+            await layahead.lay_out_soon(job, keys, pool)
+        return threading.get_ident()
+
+    return asyncio.run(ahead())
+
+
 def _same(a: rowlayout.RowBuffer, b: rowlayout.RowBuffer) -> bool:
     return np.array_equal(a.ids, b.ids) and np.array_equal(a.starts, b.starts)
 
@@ -145,13 +156,7 @@ def test_the_lay_ahead_lays_out_mapped_windows_on_the_loop(tmp_path, corpus, mon
     fresh = {k[:3] for k in keys}
     assert 1 in {e for _, e, _ in fresh} and not any(map(job.assembler.buffers.contains, fresh))
     threads = _laid_on(monkeypatch)
-
-    async def ahead():
-        with ThreadPoolExecutor(2) as pool:
-            await layahead.lay_out_soon(job, keys, pool)
-        return threading.get_ident()
-
-    loop_thread = asyncio.run(ahead())
+    loop_thread = _lay_ahead(job, keys)
     assert len(threads) == len(fresh) and set(threads) == {loop_thread}
     rows = job.assembler.rows
     assert all(rows.buffers.contains(k[:3]) for k in keys)
@@ -170,13 +175,7 @@ def test_the_lay_ahead_hands_what_it_cannot_lay_out_here_to_a_thread(
     keys = layahead.WindowLayouts(job, 1 << 40).keys_ahead(job.steps_per_epoch)
     fresh = {k[:3] for k in keys if not job.assembler.buffers.contains(k[:3])}
     threads = _laid_on(monkeypatch)
-
-    async def ahead():
-        with ThreadPoolExecutor(2) as pool:
-            await layahead.lay_out_soon(job, keys, pool)
-        return threading.get_ident()
-
-    loop_thread = asyncio.run(ahead())
+    loop_thread = _lay_ahead(job, keys)
     assert len(threads) == len(fresh) > 0 and loop_thread not in threads
     assert all(job.assembler.rows.buffers.contains(k[:3]) for k in keys)
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfeed.client import wire
 from tokenfeed.client._plans import PlanWatch
+from tokenfeed.client._received import Received, received
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import (
     DeadlineExceeded,
@@ -167,9 +167,9 @@ class Session:
             return Unavailable(f"no server address for target {self.fleet.target!r}")
         return DeadlineExceeded(f"no server answered for job {job!r} in time")
 
-    def batch(self, got: wire.Received | pb.Batch, server: str, expected_step: int) -> Batch:
-        """A received batch (`wire.received`, the stubs' deserializer), checked and admitted."""
-        msg, tokens = (got.msg, got.tokens) if isinstance(got, wire.Received) else (got, None)
+    def batch(self, got: Received | pb.Batch, server: str, expected_step: int) -> Batch:
+        """A received batch (`received`, the stubs' deserializer), checked and admitted."""
+        msg, tokens = (got.msg, got.tokens) if isinstance(got, Received) else (got, None)
         if msg.step != expected_step:
             raise TokenfeedClientError(
                 f"server {server} sent step {msg.step} where step {expected_step} was due"
@@ -216,19 +216,20 @@ class Session:
 
 def batch_stub(channel: Any) -> pb_grpc.TokenFeedStub:
     """The service's stub on a sync or asyncio channel, whose GetBatch and StreamBatches hand
-    over `wire.Received` messages: a large batch's tokens stay where they were received."""
+    over `Received` messages (_received.py): a large batch's tokens stay where they were
+    received."""
     stub = pb_grpc.TokenFeedStub(channel)  # type: ignore[no-untyped-call]
     service = "/tokenfeed.v1.TokenFeed/"
     stub.GetBatch = channel.unary_unary(
         service + "GetBatch",
         request_serializer=pb.GetBatchRequest.SerializeToString,
-        response_deserializer=wire.received,
+        response_deserializer=received,
         _registered_method=True,
     )
     stub.StreamBatches = channel.unary_stream(
         service + "StreamBatches",
         request_serializer=pb.StreamBatchesRequest.SerializeToString,
-        response_deserializer=wire.received,
+        response_deserializer=received,
         _registered_method=True,
     )
     return stub

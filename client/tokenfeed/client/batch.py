@@ -43,7 +43,7 @@ class Batch(Mapping[str, np.ndarray]):
     def __init__(
         self, msg: pb.Batch, verify: bool = True, server: str = "", tokens: memoryview | None = None
     ):
-        self.compact: Compact = decode(msg, verify, tokens)  # tokens: where wire.received left them
+        self.compact: Compact = decode(msg, verify, tokens)  # tokens: where _received.py left them
         self._arrays: dict[str, np.ndarray] = {}
         self._wide: np.ndarray | None = None  # tokens as int32: input_ids and labels view it
         self.job, self.step, self.rank = msg.job, msg.step, msg.rank

@@ -1,7 +1,7 @@
-"""The client's deserializer (wire.received): a large batch whose tokens are its last field, as a
-tokenfeed server writes it, is parsed without its tokens, which stay a view of the received
-bytes; anything else is parsed whole by protobuf. Either way the batch decodes to the same
-arrays, and a malformed message is refused as protobuf refuses it."""
+"""The client's deserializer (_received.received): a large batch whose tokens are its last
+field, as a tokenfeed server writes it, is parsed without its tokens, which stay a view of the
+received bytes; anything else is parsed whole by protobuf. Either way the batch decodes to the
+same arrays, and a malformed message is refused as protobuf refuses it."""
 
 from __future__ import annotations
 
@@ -9,19 +9,9 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from tokenfeed.client import wire
+from tokenfeed.client._received import IN_PLACE_BYTES, received
 from tokenfeed.client.batch import Batch
 from tokenfeed.v1 import tokenfeed_pb2 as pb
-
-TAG = bytes([13 << 3 | 2])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _fields(rows: int, seq_len: int, tokens: np.ndarray) -> pb.Batch:
@@ -51,9 +41,14 @@ def _tokens(rows: int, seq_len: int, seed: int = 0) -> np.ndarray:
     return rng.integers(0, 50_000, size=(rows, seq_len + 1), dtype=np.uint16)
 
 
+def _field(**one) -> bytes:
+    """One field as protobuf writes it (a message holding only that field)."""
+    return pb.Batch(**one).SerializeToString()
+
+
 def _server_order(msg: pb.Batch, tokens: np.ndarray) -> bytes:
     """As a tokenfeed server writes a batch: its other fields, then the tokens last."""
-    return msg.SerializeToString() + TAG + _varint(tokens.nbytes) + tokens.tobytes()
+    return msg.SerializeToString() + _field(tokens=tokens.tobytes())
 
 
 def _same(a: Batch, b: Batch) -> None:
@@ -66,8 +61,8 @@ def _same(a: Batch, b: Batch) -> None:
 def test_a_large_batchs_tokens_stay_in_the_received_bytes(rows, seq_len):
     tokens = _tokens(rows, seq_len)
     raw = _server_order(_fields(rows, seq_len, tokens), tokens)
-    assert len(raw) >= wire.IN_PLACE_BYTES
-    got = wire.received(raw)
+    assert len(raw) >= IN_PLACE_BYTES
+    got = received(raw)
     assert got.tokens is not None and got.tokens.obj is raw  # a view, no copy
     assert got.msg.tokens == b""  # parsed without them
     batch = Batch(got.msg, True, "s", got.tokens)
@@ -79,8 +74,8 @@ def test_a_large_batchs_tokens_stay_in_the_received_bytes(rows, seq_len):
 def test_a_small_batch_is_parsed_whole():
     tokens = _tokens(2, 64)
     raw = _server_order(_fields(2, 64, tokens), tokens)
-    assert len(raw) < wire.IN_PLACE_BYTES
-    got = wire.received(raw)
+    assert len(raw) < IN_PLACE_BYTES
+    got = received(raw)
     assert got.tokens is None and got.msg == pb.Batch.FromString(raw)
 
 
@@ -89,20 +84,19 @@ def test_tokens_that_are_not_the_last_field_are_parsed_by_protobuf():
     msg = _fields(32, 4096, tokens)
     msg.tokens = tokens.tobytes()
     raw = msg.SerializeToString()  # protobuf's own order: tokens (13) before row_splits (15)
-    got = wire.received(raw)
+    got = received(raw)
     assert got.tokens is None and got.msg == msg
     # A varint field after the tokens: not last either.
-    tail = _server_order(_fields(32, 4096, tokens), tokens) + bytes([2 << 3 | 0]) + _varint(9)
-    got = wire.received(tail)
+    tail = _server_order(_fields(32, 4096, tokens), tokens) + _field(step=9)
+    got = received(tail)
     assert got.tokens is None and got.msg.step == 9 and got.msg.tokens == tokens.tobytes()
 
 
 def test_tokens_given_twice_are_the_last_as_protobuf_reads_them():
     first, last = _tokens(32, 4096, 1), _tokens(32, 4096, 2)
     msg = _fields(32, 4096, last)
-    raw = msg.SerializeToString() + TAG + _varint(first.nbytes) + first.tobytes()
-    raw += TAG + _varint(last.nbytes) + last.tobytes()
-    got = wire.received(raw)
+    raw = msg.SerializeToString() + _field(tokens=first.tobytes()) + _field(tokens=last.tobytes())
+    got = received(raw)
     assert got.tokens is not None and bytes(got.tokens) == pb.Batch.FromString(raw).tokens
     _same(Batch(got.msg, True, "s", got.tokens), Batch(pb.Batch.FromString(raw), True, "s"))
 
@@ -112,16 +106,16 @@ def test_a_truncated_or_malformed_message_is_refused_as_protobuf_refuses_it(cut)
     tokens = _tokens(32, 4096)
     raw = _server_order(_fields(32, 4096, tokens), tokens)
     with pytest.raises(DecodeError):
-        wire.received(raw[:-cut])
+        received(raw[:-cut])
     with pytest.raises(DecodeError):  # a field of a wire type a Batch never has, unfinished
-        wire.received(raw[:200] + bytes([1 << 3 | 5, 0xFF]) + b"\x00" * (wire.IN_PLACE_BYTES))
+        received(raw[:200] + bytes([1 << 3 | 5, 0xFF]) + b"\x00" * (IN_PLACE_BYTES))
 
 
 def test_a_changed_token_in_place_fails_the_fingerprint():
     tokens = _tokens(32, 4096)
     raw = bytearray(_server_order(_fields(32, 4096, tokens), tokens))
     raw[-1] ^= 1
-    got = wire.received(bytes(raw))
+    got = received(bytes(raw))
     assert got.tokens is not None
     with pytest.raises(wire.WireError, match="fingerprint mismatch"):
         Batch(got.msg, True, "s", got.tokens)
