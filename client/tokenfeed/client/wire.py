@@ -273,7 +273,7 @@ def decode(msg: pb.Batch, verify: bool = True, in_place: _Bytes | None = None) -
     """Read-only numpy views over the message's bytes (no copy), checked for consistency. The
     fingerprint is taken over the received bytes themselves: they are the arrays' bytes.
     `in_place`: the tokens' bytes where the client's deserializer left them in the received
-    message (received.py; else `msg.tokens`)."""
+    message (_received.py; else `msg.tokens`)."""
     if msg.wire_version != WIRE_VERSION:
         raise WireError(
             f"batch of wire version {msg.wire_version}; this client reads "
