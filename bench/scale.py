@@ -77,7 +77,7 @@ async def _serve(work: Path, ready_file: str) -> None:
     from tokenfeed.server.indexing.index import READY
     from tokenfeed.server.jobs.stack import build_jobs
     from tokenfeed.server.objstore.objects import ObjectInfo
-    from tokenfeed.server.sampling.order import permute, round_keys
+    from tokenfeed.server.sampling.bijection import permute, round_keys
     from tokenfeed.server.settings import config as configmod
     from tokenfeed.server.source.chunks import Chunk
 

@@ -6,15 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenfeed.server.sampling.bijection import ROUNDS, permutation, permute, round_keys
 from tokenfeed.server.sampling.order import (
-    ROUNDS,
     document_order,
     epoch_layout,
     locate_units,
     natural_rows,
-    permutation,
-    permute,
-    round_keys,
     window_order,
 )
 

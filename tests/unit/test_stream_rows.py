@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenfeed.server.pack import packing, rowlayout
-from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling import bijection, order
 
 BOS, EOS = 1, 2
 SEED, NAME = 77, "ds"
@@ -102,7 +102,9 @@ class Corpus:
     def epoch_stream(self, epoch: int) -> tuple[list[int], list[bool]]:
         ids, starts = [], []
         n = len(self.chunks)
-        chunk_order = order.permute(np.arange(n), n, order.round_keys("chunks", SEED, NAME, epoch))
+        chunk_order = bijection.permute(
+            np.arange(n), n, bijection.round_keys("chunks", SEED, NAME, epoch)
+        )
         for c in chunk_order.tolist():
             tokens, offsets, lens = self.chunks[c]
             for d in order.document_order(len(lens), SEED, NAME, epoch, c).tolist():
@@ -115,7 +117,9 @@ class Corpus:
     def served_order(self, epoch: int) -> list[int]:
         """Natural row behind each served row of `epoch`, window by window."""
         n, L = len(self.chunks), self.seq_len
-        chunk_order = order.permute(np.arange(n), n, order.round_keys("chunks", SEED, NAME, epoch))
+        chunk_order = bijection.permute(
+            np.arange(n), n, bijection.round_keys("chunks", SEED, NAME, epoch)
+        )
         bounds = list(range(0, n, self.window)) + [n]
         out = []
         for w in range(len(bounds) - 1):
@@ -123,8 +127,8 @@ class Corpus:
             b = epoch * self.total + int(self.units[chunk_order[: bounds[w + 1]]].sum())
             first, end = -(-a // L), -(-b // L)
             if end > first:
-                keys = order.round_keys("rows", SEED, NAME, epoch, w)
-                perm = order.permute(np.arange(end - first), end - first, keys)
+                keys = bijection.round_keys("rows", SEED, NAME, epoch, w)
+                perm = bijection.permute(np.arange(end - first), end - first, keys)
                 out += (first + perm).tolist()
         return out
 

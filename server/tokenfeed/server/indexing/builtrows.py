@@ -5,12 +5,12 @@ the rest of the dataset exists). Pure bookkeeping over a dataset's counts."""
 from __future__ import annotations
 
 import numpy as np
-from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling import bijection
 
 
 def epoch0_order(n: int, seed: int, dataset: str) -> np.ndarray:
     """Epoch 0's chunk order of a dataset of `n` chunks: the order its chunks are built in."""
-    return order.permute(np.arange(n), n, order.round_keys("chunks", seed, dataset, 0))
+    return bijection.permute(np.arange(n), n, bijection.round_keys("chunks", seed, dataset, 0))
 
 
 class BuiltRows:

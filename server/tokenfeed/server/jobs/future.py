@@ -18,7 +18,7 @@ import numpy as np
 from tokenfeed.server.diskcache.ledger import EntryKey
 from tokenfeed.server.indexing.index import FAILED, READY
 from tokenfeed.server.jobs.job import Job
-from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling import bijection, order
 
 
 class FutureUse:
@@ -55,8 +55,8 @@ def next_use(job: Job, keys: list[str]) -> dict[str, float]:
         if idx.state != READY:
             # Rows per chunk are not all known yet: rank by place in epoch 0's chunk order
             # (the order of the build and of the first steps).
-            order_keys = order.round_keys("chunks", job.spec.seed, idx.dataset.name, 0)
-            places = order.permute(ids, len(idx.chunks), order_keys, inverse=True)
+            order_keys = bijection.round_keys("chunks", job.spec.seed, idx.dataset.name, 0)
+            places = bijection.permute(ids, len(idx.chunks), order_keys, inverse=True)
             out.update(zip((idx.keys[c] for c in ids.tolist()), places.tolist(), strict=True))
             continue
         rows = _rows_until(job, d, ids, int(consumed[d]))
@@ -77,8 +77,8 @@ def _rows_until(job: Job, d: int, ids: np.ndarray, position: int) -> np.ndarray:
     dist = np.full(len(ids), np.inf)
     for e in (epoch, epoch + 1):
         layout = job.layout(d, e)
-        keys = order.round_keys("chunks", job.spec.seed, idx.dataset.name, e)
-        p = order.permute(ids, len(idx.chunks), keys, inverse=True)
+        keys = bijection.round_keys("chunks", job.spec.seed, idx.dataset.name, e)
+        p = bijection.permute(ids, len(idx.chunks), keys, inverse=True)
         end = layout.window_rows[p // window + 1]  # its own window's rows end here
         first_unit = e * total + layout.units_cum[p]
         reader = np.maximum(-((span - 1 - first_unit) // q), 0)  # ceil((u - span + 1) / q)

@@ -1,6 +1,6 @@
 /* The keyed Feistel network of sampling/order.py over a uint64 array, in C: the same rounds
  * (the splitmix64 finalizer as round function, on `half`-bit halves), without numpy's dozen
- * array passes a round. order.py's numpy `_feistel` is its twin and the reference. */
+ * array passes a round. bijection.py's numpy `_feistel_numpy` is its twin and the reference. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -124,7 +124,7 @@ static PyObject *feistel(PyObject *self, PyObject *args)
 PyDoc_STRVAR(permutation_doc,
 "permutation(n, half, keys, out)\n\n"
 "out[i] (int64, n items) = the network at i, walked on (the network at the value) until it\n"
-"falls in [0, n): order.py's keyed bijection of [0, n), its domain 2**(2*half) >= n.");
+"falls in [0, n): bijection.py's keyed bijection of [0, n), its domain 2**(2*half) >= n.");
 
 static PyObject *permutation(PyObject *self, PyObject *args)
 {

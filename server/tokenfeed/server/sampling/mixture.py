@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
-from tokenfeed.server.sampling import order
+from tokenfeed.server.sampling import bijection
 
 # Above this period the weights are rounded (each share moves by less than 1/MAX_PERIOD).
 MAX_PERIOD = 1 << 16
@@ -153,8 +153,8 @@ class Schedule:
         b = plan.phase.global_batch_size
         positions = np.arange(first, first + count, dtype=np.int64)
         if plan.known > 1:
-            keys = order.round_keys("slots", self.seed, step)
-            positions = order.permute(positions, b, keys)
+            keys = bijection.round_keys("slots", self.seed, step)
+            positions = bijection.permute(positions, b, keys)
         slots = (step - plan.phase.start_step) * b + positions
         whole: npt.NDArray[np.int64]
         q: npt.NDArray[np.int64]
