@@ -167,14 +167,14 @@ class Session:
             return Unavailable(f"no server address for target {self.fleet.target!r}")
         return DeadlineExceeded(f"no server answered for job {job!r} in time")
 
-    def batch(self, got: Received | pb.Batch, server: str, expected_step: int) -> Batch:
+    def batch(self, got: Received, server: str, expected_step: int) -> Batch:
         """A received batch (`received`, the stubs' deserializer), checked and admitted."""
-        msg, tokens = (got.msg, got.tokens) if isinstance(got, Received) else (got, None)
+        msg = got.msg
         if msg.step != expected_step:
             raise TokenfeedClientError(
                 f"server {server} sent step {msg.step} where step {expected_step} was due"
             )
-        batch = Batch(msg, self.policy.verify, server, tokens)
+        batch = Batch(msg, self.policy.verify, server, got.tokens)
         self.expect_fingerprint(batch.job, batch.job_fingerprint, f"server {server}")
         if self.plans.saw(
             batch.job, batch.step, batch.plan_phase_start, batch.plan_fingerprint, server

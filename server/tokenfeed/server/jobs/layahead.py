@@ -138,23 +138,19 @@ def _keys(lay: order.EpochLayout, d: int, e: int, w: int) -> list[Key]:
 
 
 async def lay_out_soon(job: Job, keys: list[Key], executor: Executor) -> None:
-    """Lay out the row buffers `keys`, in order: on the event loop while each can be
-    (RowBuffers.lay_out_here: a small buffer of mapped chunks, its chunk pinned meanwhile),
-    letting the loop's other tasks run after each; the rest in one call of `lay_out` on
+    """Lay out the row buffers `keys`, in order (their chunks pinned meanwhile): on the event
+    loop while each can be (Assembler.lay_out_here), the rest in one call of `lay_out` on
     `executor`. A failure is left to the streams that read them."""
-    rows, loop = job.assembler.rows, asyncio.get_running_loop()
+    rows = job.assembler.rows
     todo = [k for k in keys if not rows.buffers.contains((k[0], k[1], k[2]))]
-    for i, (d, e, c, position) in enumerate(todo):
-        try:
-            with job.store.cache.pinned([("chunk", job.indexes[d].keys[c])]):
-                here = rows.lay_out_here(d, e, c, position)
-        except Exception as exc:  # noqa: BLE001 - the streams meet it again and report it
-            log.debug("job %s: row buffers not laid out ahead: %s", job.name, exc)
-            return
-        if not here:
-            await loop.run_in_executor(executor, lay_out, job, todo[i:])
-            return
-        await asyncio.sleep(0)
+    try:
+        with job.store.cache.pinned([("chunk", job.indexes[d].keys[c]) for d, _, c, _ in todo]):
+            rest = await job.assembler.lay_out_here(todo)
+    except Exception as exc:  # noqa: BLE001 - the streams meet it again and report it
+        log.debug("job %s: row buffers not laid out ahead: %s", job.name, exc)
+        return
+    if rest:
+        await asyncio.get_running_loop().run_in_executor(executor, lay_out, job, rest)
 
 
 def lay_out(job: Job, keys: list[Key]) -> int:

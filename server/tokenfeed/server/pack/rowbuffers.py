@@ -131,12 +131,12 @@ class RowBuffers:
         name = (key, epoch, c)
         if self.buffers.contains(name):
             return True
+        if not self.opened.mapped(d, c):
+            return False
         tail = self._tail(d, epoch, position, _segment(key))
         for e, k in zip(tail.epoch.tolist(), tail.chunk.tolist(), strict=True):
             if self.buffers.peek((d, e, k)) is None and not self.opened.mapped(d, k):
                 return False
-        if not self.opened.mapped(d, c):
-            return False
         with self._making_lock:
             if name in self._making:  # a thread is making it: that thread's to finish
                 return False
