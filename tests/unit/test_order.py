@@ -326,3 +326,29 @@ def test_document_order_is_a_keyed_permutation():
     assert not np.array_equal(base, document_order(500, 0, "ds", 0, 8))
     assert not np.array_equal(base, document_order(500, 0, "ds", 1, 7))
     assert not np.array_equal(base, document_order(500, 1, "ds", 0, 7))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    units=st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda u: sum(u) > 0),
+    start=st.integers(0, 400),
+    span=st.integers(1, 200),
+)
+def test_one_stretch_is_located_as_among_others(units, start, span):
+    """A lone stretch (a row buffer's tail) takes the int path; its pieces are those the array
+    path gives the same stretch beside another, across chunks, empty chunks and epochs."""
+    total = sum(units)
+    layouts: dict[int, object] = {}
+
+    def layout(e: int):
+        return layouts.setdefault(e, layout_of(units, 7, "main", e, 3))
+
+    start %= 4 * total
+    alone = locate_units(np.array([start]), span, total, layout)
+    both = locate_units(np.array([start, 0]), span, total, layout)
+    mine = both.row == 0
+    for name in ("row", "epoch", "chunk", "lo", "hi", "at"):
+        got, want = getattr(alone, name), getattr(both, name)[mine]
+        assert got.dtype == np.int64
+        assert got.tolist() == want.tolist(), name
+    assert int((alone.hi - alone.lo).sum()) == span

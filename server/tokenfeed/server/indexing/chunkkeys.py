@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+NAMED = 4096  # keys kept as str (about 200 bytes each): more than a window's chunks
+
 
 class ChunkKeys:
     """A dataset's chunk keys (32 hex digits each), packed: 16 bytes per chunk where a list of
@@ -16,12 +18,18 @@ class ChunkKeys:
         self._raw = np.frombuffer(b"".join(bytes.fromhex(k) for k in keys), dtype="V16")
         self._order = np.argsort(self._raw, kind="stable")
         self._sorted = self._raw[self._order]
+        self._named: dict[int, str] = {}  # keys recently asked for (serving asks per batch)
 
     def __len__(self) -> int:
         return len(self._raw)
 
     def __getitem__(self, i: int) -> str:
-        return self._raw[i].tobytes().hex()
+        found = self._named.get(i)
+        if found is None:
+            if len(self._named) >= NAMED:
+                self._named.clear()
+            found = self._named[i] = self._raw[i].tobytes().hex()
+        return found
 
     def __iter__(self) -> Iterator[str]:
         return (v.tobytes().hex() for v in self._raw)

@@ -170,6 +170,8 @@ def locate_units(
     A stretch may cross chunks, windows and epochs; each crossing starts a new piece.
     `layout(e)` returns epoch e's layout (callers cache them)."""
     starts = np.asarray(starts, dtype=np.int64)
+    if len(starts) == 1:  # a row buffer's tail: the same pieces in int arithmetic
+        return _locate_one(int(starts[0]), span, units_per_epoch, layout)
     out: list[tuple[np.ndarray, ...]] = []
     todo = np.arange(len(starts))
     cur = starts.copy()
@@ -197,6 +199,27 @@ def locate_units(
         return Pieces(empty, empty, empty, empty, empty, empty)
     cols = [np.concatenate(c).astype(np.int64) for c in zip(*out, strict=True)]
     return Pieces(*cols)
+
+
+def _locate_one(
+    start: int, span: int, units_per_epoch: int, layout: Callable[[int], EpochLayout]
+) -> Pieces:
+    """`locate_units` of one stretch, piece after piece, without an array op per piece."""
+    cols: tuple[list[int], ...] = ([], [], [], [], [], [])
+    cur, end = start, start + span
+    while cur < end:
+        e = cur // units_per_epoch if units_per_epoch else 0
+        lay, base = layout(e), e * units_per_epoch
+        p = int(lay.units_cum.searchsorted(cur - base, side="right")) - 1
+        if p >= len(lay.chunk_order):
+            raise ValueError(f"units past the end of epoch {e} (not built yet?)")
+        first = int(lay.units_cum[p])
+        stop = min(end - base, int(lay.units_cum[p + 1]))
+        piece = (0, e, int(lay.chunk_order[p]), cur - base - first, stop - first, cur - start)
+        for col, v in zip(cols, piece, strict=True):
+            col.append(v)
+        cur = base + stop
+    return Pieces(*(np.array(c, dtype=np.int64) for c in cols))
 
 
 def pair_codes(a: np.ndarray, b: np.ndarray) -> npt.NDArray[np.int64]:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import mmap
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ class TokenStore:
         self.cache = cache if cache is not None else DiskCache.unbounded(root)
         self.root = self.cache.root / "tokens"
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root_str = str(self.root)
         self._verified: set[str] = set()
         # Without `scan` (the worker processes of `tokenfeed build`, whose parent scanned),
         # nothing is removed: another process's temporary files are its writes in progress.
@@ -279,7 +281,7 @@ class TokenStore:
 
     def gone(self, key: str) -> bool:
         """The body's files were removed (evicted) since they were mapped."""
-        return not self._paths(key)[0].exists()
+        return not os.path.exists(f"{self._root_str}/{key[:2]}/{key}.bin")  # no Path: per layout
 
     def drop(self, key: str, why: str, body_only: bool = False) -> None:
         """Remove a corrupt chunk: its body, or everything (then it is re-tokenized)."""
