@@ -81,9 +81,13 @@ class TokenStore:
         # Tar and Arrow shards' indexes, built once per shard version (source/shardindex.py).
         self.shard_indexes = ShardIndexFiles(self.cache, scan)
 
+    def _stem(self, key: str) -> str:
+        """A chunk's files without their suffix (a str: `gone` looks per layout)."""
+        return f"{self._root_str}/{key[:2]}/{key}"
+
     def _paths(self, key: str) -> tuple[Path, Path, Path, Path]:
-        d = self.root / key[:2]
-        return d / f"{key}.bin", d / f"{key}.idx", d / f"{key}.rec", d / f"{key}.json"
+        stem = self._stem(key)
+        return Path(f"{stem}.bin"), Path(f"{stem}.idx"), Path(f"{stem}.rec"), Path(f"{stem}.json")
 
     def _scan(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         """The rescan on start: complete manifests, and bodies whose files match them; partial
@@ -281,7 +285,7 @@ class TokenStore:
 
     def gone(self, key: str) -> bool:
         """The body's files were removed (evicted) since they were mapped."""
-        return not os.path.exists(f"{self._root_str}/{key[:2]}/{key}.bin")  # no Path: per layout
+        return not os.path.exists(f"{self._stem(key)}.bin")
 
     def drop(self, key: str, why: str, body_only: bool = False) -> None:
         """Remove a corrupt chunk: its body, or everything (then it is re-tokenized)."""
