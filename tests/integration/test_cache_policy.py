@@ -153,12 +153,15 @@ NEXT = 2
 
 @pytest.mark.parametrize("prefetch_steps", [0, 5])
 def test_prefetch_keeps_the_next_steps_in_the_cache(tmp_path, corpus, job, prefetch_steps):
-    # A budget well below the corpus's token chunks: most of them are evicted after the build.
+    # A budget below the corpus's token chunks (about 330 KB): some of them are evicted after
+    # the build. It holds the chunks of a step and of the next five (at most 170 KB) with room
+    # to spare: at 200 KiB, the chunks prefetch fetched while `start` was served evicted one
+    # another now and then (a window's chunks rank alike).
     cfg = write_config(
         tmp_path / "tf.yaml",
         {"main": job_spec([corpus / "*"])},
         tmp_path / "cache",
-        cache_bytes="200KiB",
+        cache_bytes="256KiB",
         metrics_listen="127.0.0.1:0",
         prefetch_steps=prefetch_steps,
     )

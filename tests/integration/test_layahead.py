@@ -148,6 +148,30 @@ def test_buffers_laid_out_ahead_are_those_a_stream_lays_out(tmp_path, corpus):
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.starts, want.starts)
 
 
+def test_laying_out_ahead_fetches_nothing(tmp_path, corpus):
+    """A buffer ahead whose chunk, or a chunk its tail reads, is not in the cache is left to
+    the streams: laying out ahead rebuilds no chunk (that would evict one the next steps
+    read from a cache that holds little more than them) and lays out the others."""
+    job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+    keys = layahead.WindowLayouts(job, BIG).keys_ahead(0)
+    tails = {k: set(job.planner.tail_chunks(k[0], k[1], k[3])) for k in keys}
+    gone = next(k[2] for k in keys if any(k[2] in t for t in tails.values()))  # a tail's too
+    name = job.indexes[0].keys[gone]
+    job.store.drop(name, "evicted", body_only=True)
+    left = {k for k in keys if gone == k[2] or gone in tails[k]}
+    assert len(left) >= 2
+    assert layahead.lay_out(job, keys) == len(keys) - len(left)
+    assert not job.store.has_body(name)
+    rows = job.assembler.rows
+    assert {k for k in keys if not rows.buffers.contains(k[:3])} == left
+    # The stream reads them as before: it rebuilds the chunk itself.
+    plain = built_job(tmp_path / "plain", job_spec([corpus / "*"]))
+    for step in range(6):
+        a, b = job.batch(step, 0, 1)[1], plain.batch(step, 0, 1)[1]
+        assert all(np.array_equal(a[n], b[n]) for n in a)
+    assert job.store.has_body(name)
+
+
 def test_a_supervisor_lays_out_the_next_window_for_its_workers(tmp_path, corpus):
     proc = workers_server(tmp_path, corpus)
     try:

@@ -17,7 +17,9 @@ Only what fits: windows past the one being read are laid out only while the row-
 one, as the docs size the budget. Only
 for concat rows of a dataset's first segment (the windows prefetch knows); a later segment's
 rows are laid out by the streams that read them, as before. Nothing here changes a byte: a
-buffer's bytes are decided by its key, whoever lays it out.
+buffer's bytes are decided by its key, whoever lays it out. Nothing is fetched either: a
+buffer whose chunks (its own or its tail's) are not in the cache is left to the streams, since
+what the cache holds is prefetch's to choose.
 """
 
 from __future__ import annotations
@@ -154,15 +156,21 @@ async def lay_out_soon(job: Job, keys: list[Key], executor: Executor) -> None:
 
 
 def lay_out(job: Job, keys: list[Key]) -> int:
-    """Lay out the row buffers `keys` (their chunks pinned meanwhile); how many were laid out
-    here. A failure is left to the streams that read them: they lay out and report."""
+    """Lay out the row buffers `keys` whose chunks (their own and their tails') are in the
+    cache, those chunks pinned meanwhile; how many were laid out here. Nothing is fetched:
+    what the cache holds is prefetch's to choose, and a chunk fetched for a window ahead would
+    evict one that the next steps read (the streams lay the others out as they read them). A
+    failure is left to the streams that read them: they lay out and report."""
     rows = job.assembler.rows
     todo = [k for k in keys if not rows.buffers.contains((k[0], k[1], k[2]))]
     if not todo:
         return 0
-    chunks = [("chunk", job.indexes[d].keys[c]) for d, _, c, _ in todo]
+    tails = job.planner.tail_chunks
+    read = {k: [job.indexes[k[0]].keys[c] for c in {k[2], *tails(k[0], k[1], k[3])}] for k in todo}
+    chunks = [("chunk", key) for keys_read in read.values() for key in keys_read]
     try:
         with job.store.cache.pinned(chunks):
+            todo = [k for k in todo if job.store.has_bodies(read[k])]
             rows.lay_out_all(todo)
     except Exception as e:  # noqa: BLE001 - the streams meet it again and report it
         log.debug("job %s: row buffers not laid out ahead: %s", job.name, e)
