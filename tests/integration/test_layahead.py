@@ -53,7 +53,9 @@ def _expected(job, windows) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def test_the_furthest_window_and_the_next_ones_are_handed_out_once(tmp_path, corpus):
+def test_the_furthest_window_and_the_next_ones_are_handed_out_once(tmp_path, corpus, monkeypatch):
+    # 3 windows ahead: this corpus's epochs hold 8 windows, more than the windows handed out.
+    monkeypatch.setattr(layahead, "WINDOWS_AHEAD", 3)
     job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
     ahead = layahead.WindowLayouts(job, BIG)
     k = layahead.WINDOWS_AHEAD

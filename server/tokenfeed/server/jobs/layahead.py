@@ -38,8 +38,10 @@ log = logging.getLogger(__name__)
 WINDOWS_DONE = 4096  # windows remembered as laid out (then forgotten: a look costs little)
 # Windows laid out past the one being read, where the budget holds them: enough that a stream
 # whose windows pass in a few dozen steps ([32, 4096] batches of small chunks) never catches up
-# with the layouts (bench/, wire section).
-WINDOWS_AHEAD = 3
+# with the layouts. With serving workers the supervisor learns the trainers' progress every
+# 50 ms (serve/control.py's FLUSH_SECONDS), about two such windows: with 3 ahead the workers
+# laid out about half of the buffers themselves, with 8 about 5% (CHANGELOG, Serving).
+WINDOWS_AHEAD = 8
 
 Key = tuple[int, int, int, int]  # (dataset, epoch, chunk, position): RowBuffers.row_buffer's
 

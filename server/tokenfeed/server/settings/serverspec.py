@@ -223,7 +223,7 @@ class ServerSpec:
             "past the chunk's end), so a row is one slice copy; give it a window of token chunks "
             "and one more chunk (`window_chunks + 1` × token bytes per chunk, "
             "[sizing](deployment.md#sizing)); a smaller value only costs speed. Where it holds "
-            "more windows, prefetch lays out up to three windows ahead of the trainers. With "
+            "more windows, prefetch lays out up to eight windows ahead of the trainers. With "
             "`workers` "
             "> 1 the workers share the buffers through files in `/dev/shm`, at most this much "
             "([workers](deployment.md#every-core-serving-workers))",
