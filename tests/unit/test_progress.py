@@ -10,12 +10,13 @@ from tokenfeed.server.jobs.progress import RANK_EXPIRY_SECONDS, Progress
 
 
 def test_furthest_is_the_active_ranks_maximum_under_any_sequence():
+    """Two world sizes asking in any order, none silent long enough to stop being active."""
     rng = random.Random(5)
     p, latest, now = Progress(), {}, 1000.0
     for _ in range(3000):
         rank, world = rng.randrange(8), rng.choice((4, 8))
         step = rng.randrange(200) if rng.random() < 0.1 else max(latest.values(), default=0) + 1
-        now += rng.random()
+        now += rng.random() * 1e-3
         p.note(step, rank, world, now)
         latest[(rank, world)] = step
         assert p.furthest == max(latest.values())
@@ -39,11 +40,11 @@ def test_a_rollback_moves_prefetch_back():
 
 def test_silent_ranks_expire():
     p = Progress()
-    p.note(500, 0, 2, 1000.0)  # a world size that no longer asks
-    p.note(10, 0, 1, 1000.0 + RANK_EXPIRY_SECONDS + 1)
+    p.note(500, 0, 2, 1000.0)  # a rank that no longer asks
+    p.note(10, 1, 2, 1000.0 + RANK_EXPIRY_SECONDS + 1)
     assert p.furthest == 500  # not swept yet: at most every SWEEP_SECONDS
     p._swept -= progress_mod.SWEEP_SECONDS + 1
-    p.note(11, 0, 1, 1000.0 + RANK_EXPIRY_SECONDS + 2)
+    p.note(11, 1, 2, 1000.0 + RANK_EXPIRY_SECONDS + 2)
     assert p.furthest == 11 and (0, 2) not in p.ranks
 
 
@@ -81,3 +82,46 @@ def test_a_waiter_wakes_at_the_step_it_waits_for_or_a_rollback():
         return woke
 
     assert asyncio.run(run()) == ["14 at 14", "20 at 3"]
+
+
+def test_a_run_restarted_at_a_new_size_moves_prefetch_to_its_ranks_at_once():
+    """Elastic training: the ranks of the old size stopped (a restart takes seconds); their
+    steps stop holding prefetch when the first rank of the new size asks, not 10 minutes on."""
+    p = Progress()
+    for step in range(300, 400):
+        for rank in range(16):
+            p.note(step, rank, 16, 1000.0 + step / 10)
+    assert p.furthest == 399
+    p.prefetched = 407
+    restart = 1000.0 + 39.9 + progress_mod.RESIZE_SECONDS + 30  # checkpoint loaded
+    p.note(120, 0, 8, restart)  # the new run resumes an earlier checkpoint with 8 ranks
+    assert p.furthest == 120 and p.prefetched == 120
+    assert all(world == 8 for _, world in p.ranks)
+    p.note(121, 1, 8, restart + 0.1)
+    assert p.furthest == 121
+
+
+def test_another_size_that_goes_on_asking_stays_active(monkeypatch):
+    """An evaluation of 2 ranks beside a training run of 8 that is further on: both ask in
+    turn, so neither is dropped, and prefetch stays with the furthest."""
+    clock = [5000.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    p, now = Progress(), 1000.0
+    for step in range(50):
+        now += 0.3
+        clock[0] += 0.3
+        for rank in range(8):
+            p.note(500 + step, rank, 8, now)
+        for rank in range(2):
+            p.note(step, rank, 2, now)
+    assert p.furthest == 549
+    assert len(p.ranks) == 10
+    # The evaluation ends; training goes on; the eval's ranks go once they are silent.
+    for step in range(50, 60):
+        now += 0.5
+        clock[0] += 0.5
+        for rank in range(8):
+            p.note(500 + step, rank, 8, now)
+    p.note(0, 0, 1, now)  # a tool reads step 0 once: a third size
+    assert {w for _, w in p.ranks} == {8, 1}  # the evaluation's ranks were silent for 5 s
+    assert p.furthest == 559
