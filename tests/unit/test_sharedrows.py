@@ -1,10 +1,12 @@
-"""Row buffers shared by a node's serving processes through files (pack/sharedrows.py): laid
-out once whoever asks, the same bytes mapped back; a damaged file is laid out again; a dead
-writer's lock is free at once, a too slow one not waited for; the directory stays under its
-budget."""
+"""Row buffers shared by a node's serving processes through an arena in shared memory
+(pack/sharedrows.py): laid out once whoever asks, the same bytes read back in place; a damaged
+or stale buffer is laid out again; no segment is written anew while an array of it lives; a
+dead writer's lock is free at once, a too slow one not waited for; the arena is a ring that
+renews its oldest segments and forgets their entries."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -49,13 +51,19 @@ def test_one_process_lays_out_the_others_map_the_same_bytes(tmp_path):
     assert equal(other, buffer(99, 1)) and second.made == 1
 
 
-def test_a_damaged_file_is_laid_out_again(tmp_path):
+def _entry(root, name: str) -> tuple[int, ...]:
+    return sharedrows.ENTRY.unpack((root / name).read_bytes())  # magic, seg, gen, offset, ...
+
+
+def test_a_damaged_buffer_is_laid_out_again(tmp_path):
     rows = SharedRows(tmp_path, 1 << 30)
     rows.get_or_make("x/b", lambda: buffer(5000), I32)
-    path = tmp_path / "x" / "b"
-    raw = bytearray(path.read_bytes())
-    raw[-100] ^= 0xFF  # one flipped byte of the payload
-    path.write_bytes(bytes(raw))
+    offset = _entry(tmp_path, "x/b")[3]
+    with open(tmp_path / "arena", "r+b") as f:  # one flipped byte of the payload
+        f.seek(offset + sharedrows.SLOT_HEADER + 4 * 1234)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
     calls = []
 
     def make() -> RowBuffer:
@@ -66,9 +74,98 @@ def test_a_damaged_file_is_laid_out_again(tmp_path):
     assert calls == [1] and equal(got, buffer(5000))
     again = SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32)  # rewritten, good
     assert calls == [1] and equal(again, buffer(5000))
-    path.write_bytes(b"short")
+    (tmp_path / "x" / "b").write_bytes(b"short")  # a damaged entry
     assert equal(SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32), buffer(5000))
     assert calls == [1, 1]
+    # An entry that points at another buffer's slot (another name) is no entry at all.
+    rows.get_or_make("x/c", lambda: buffer(5000, 3), I32)
+    (tmp_path / "x" / "b").write_bytes((tmp_path / "x" / "c").read_bytes())
+    assert equal(SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32), buffer(5000))
+    assert calls == [1, 1, 1]
+
+
+# 8 segments of 11 pages: two buffers of 4000 int32 ids (and 571 starts) each.
+SLOT_BYTES = 20_736
+SMALL = sharedrows.DATA_START + sharedrows.SEGMENTS * 11 * 4096
+
+
+def _fill(rows: SharedRows, names, seed: int = 0) -> None:
+    for i, name in enumerate(names):
+        rows.get_or_make(name, lambda i=i: buffer(4000, seed + i), I32)
+
+
+def test_a_segment_is_never_written_anew_while_an_array_of_it_lives(tmp_path):
+    writer, reader = SharedRows(tmp_path, SMALL), SharedRows(tmp_path, SMALL)  # two processes
+    assert writer.segment_bytes == 11 * 4096 and 2 * SLOT_BYTES <= writer.segment_bytes
+    _fill(writer, ["fp/0", "fp/1"])  # segment 0
+    held = reader.get_or_make("fp/0", lambda: None, I32)
+    tail = held.ids[3990:]  # a view cut from it outlives the buffer
+    del held
+    gc.collect()
+    assert reader._pins.held() == {0: 1}
+    # Seven more segments fill; the eighth would be segment 0 again, which the reader holds.
+    _fill(writer, [f"fp/{i}" for i in range(2, 16)], seed=2)
+    assert writer.made == 16 and _entry(tmp_path, "fp/15")[1] == 7
+    got = writer.get_or_make("fp/16", lambda: buffer(4000, 16), I32)
+    assert equal(got, buffer(4000, 16)) and _entry(tmp_path, "fp/16")[1] == 1  # 0 skipped
+    assert np.array_equal(tail, buffer(4000, 0).ids[3990:])  # still the bytes it was
+    del tail
+    gc.collect()
+    assert reader._pins.held() == {}
+    _fill(writer, [f"fp/{i}" for i in range(17, 31)], seed=17)  # round to segment 0 again
+    assert _entry(tmp_path, "fp/30")[1] == 0  # renewed once nothing of it lived
+    assert not (tmp_path / "fp" / "0").exists()  # its old entries forgotten
+
+
+def _record_holder(path, offset: int, length: int) -> subprocess.Popen:
+    """Another process reading from bytes of the arena (a shared record lock on them) until
+    killed."""
+    code = (
+        "import fcntl, os, struct, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "arg = struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, int(sys.argv[2]), int(sys.argv[3]), 0)\n"
+        "fcntl.fcntl(fd, fcntl.F_OFD_SETLK, arg)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    argv = [sys.executable, "-c", code, str(path), str(offset), str(length)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"locked\n"
+    return p
+
+
+def test_with_every_other_segment_read_from_a_writer_keeps_its_own_copy(tmp_path):
+    rows = SharedRows(tmp_path, SMALL)
+    seg = rows.segment_bytes
+    readers = [
+        _record_holder(tmp_path / "arena", sharedrows.DATA_START + s * seg, seg)
+        for s in range(1, sharedrows.SEGMENTS)
+    ]
+    try:
+        _fill(rows, ["a/0", "a/1"])  # segment 0 has room for two
+        got = rows.get_or_make("a/2", lambda: buffer(4000, 2), I32)
+        assert equal(got, buffer(4000, 2)) and rows.made == 2 and not (tmp_path / "a/2").exists()
+    finally:
+        for p in readers:
+            p.kill()
+            p.wait(10)
+    rows.get_or_make("a/3", lambda: buffer(4000, 3), I32)
+    assert rows.made == 3 and _entry(tmp_path, "a/3")[1] == 1  # the readers gone: segment 1
+
+
+def test_a_buffer_taken_twice_holds_its_segment_until_both_are_gone(tmp_path):
+    _fill(SharedRows(tmp_path, SMALL), ["b/0"])
+    reader = SharedRows(tmp_path, SMALL)
+    first = reader.get_or_make("b/0", lambda: None, I32)
+    second = reader.get_or_make("b/0", lambda: None, I32)
+    assert reader.mapped == 2 and reader._pins.held() == {0: 2}
+    assert not first.ids.flags.writeable
+    del first
+    gc.collect()
+    assert reader._pins.held() == {0: 1}
+    del second
+    gc.collect()
+    assert reader._pins.held() == {}
 
 
 def test_a_process_waits_for_the_one_laying_out(tmp_path):
@@ -164,14 +261,23 @@ def test_on_the_event_loop_a_process_does_not_wait_for_another(tmp_path):
     assert again is not None and equal(again, buffer(9)) and second.mapped == 1 and calls == [1]
 
 
-def test_the_directory_stays_under_its_budget(tmp_path):
-    n = 20
-    size = 4000 * 4 + (4000 // 7) * 8 + sharedrows.HEADER.size
-    rows = SharedRows(tmp_path, budget=5 * size)
+def test_the_arena_renews_its_oldest_segments_and_forgets_their_entries(tmp_path):
+    rows = SharedRows(tmp_path, SMALL)
+    n = 40  # two and a half rounds of the ring
     for i in range(n):
         rows.get_or_make(f"fp/{i}", lambda i=i: buffer(4000, i), I32)
-        os.utime(tmp_path / "fp" / str(i), (1000 + i, 1000 + i))  # distinct ages
-        on_disk = sum(p.stat().st_size for p in (tmp_path / "fp").iterdir())
-        assert on_disk <= 5 * size + size  # at most one write past the budget between sweeps
-    kept = sorted(int(p.name) for p in (tmp_path / "fp").iterdir())
+        assert (tmp_path / "arena").stat().st_size == rows.budget <= SMALL
+    assert rows.made == n
+    kept = sorted(int(p.name) for p in (tmp_path / "fp").iterdir() if not p.name.endswith("lock"))
     assert kept[-1] == n - 1 and kept == list(range(kept[0], n))  # the oldest went first
+    # Stale entries go once a round (when the first segment is renewed): two rounds' at most.
+    rounds = 2 * sharedrows.SEGMENTS  # buffers a round
+    assert len(kept) <= 2 * rounds
+    reader = SharedRows(tmp_path, SMALL)
+    for i in reversed(range(n)):  # newest first: a buffer made here is written, over the oldest
+        calls = []
+        got = reader.get_or_make(
+            f"fp/{i}", lambda i=i, calls=calls: calls.append(i) or buffer(4000, i), I32
+        )
+        assert equal(got, buffer(4000, i))
+        assert calls == ([] if i >= n - rounds else [i])  # the last round's are current

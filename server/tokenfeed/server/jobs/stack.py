@@ -28,7 +28,7 @@ from tokenfeed.server.jobs.future import FutureUse
 from tokenfeed.server.jobs.job import Job, JobState, Upstream
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.storage import ObjectStorage
-from tokenfeed.server.pack.sharedrows import SharedRows, node_dir
+from tokenfeed.server.pack.sharedrows import SharedRows, node_dir, remove
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.store.blobs import CacheBlobs, LocalBlobs, S3Blobs
 from tokenfeed.server.store.sharedstore import SharedStore
@@ -100,7 +100,8 @@ def open_server(config: Config, shared_rows: bool = False) -> Stack:
     # A supervisor of serving workers lays out row buffers ahead for them (jobs/layahead.py)
     # into the node's shared ones.
     rows = None
-    if shared_rows:
+    if shared_rows:  # an earlier run's arena goes first: this server's workers map this one
+        remove(node_dir(config.server.cache_dir))
         rows = SharedRows(node_dir(config.server.cache_dir), config.server.stream_cache_bytes)
     keepers = plan_keepers(config, storage, cache)
     jobs = _jobs(config, store, storage, shared, None, keepers, rows)

@@ -4,27 +4,42 @@ The ranks of a job spread over every worker (the kernel spreads connections) and
 rows over every chunk of a window, so without sharing each worker would lay out every chunk's
 row buffer of every epoch itself: N workers, N times the layout work for the same tokens
 (bench/results/cores16-serving.txt measured it). Here the first process that needs a buffer
-lays it out and writes it to a directory of the node's shared memory (`/dev/shm`, else the
-temporary directory: `node_dir`); the others map the file. Row buffers are memory
-(`server.stream_cache_bytes`), not the disk cache: this directory is not under
-`server.cache_bytes`, and the supervisor removes it when it starts and when it stops.
+lays it out and writes it into the node's arena; the others read it there, in place. Row
+buffers are memory (`server.stream_cache_bytes`), not the disk cache: the arena is not under
+`server.cache_bytes`, and the supervisor removes its directory when it starts and stops.
 
-A buffer's bytes are decided by its name: the plan's fingerprint at its version (which covers
-the job's fixed parts, its phases and its datasets' content), the dataset and segment, the
-epoch and the chunk. So any process would write the same bytes, and a race between two writers
-is harmless: files are written whole under a temporary name and renamed. A file is checked
-(its xxh3-128) when it is mapped; one that fails the check is laid out again and rewritten.
+The arena is one file in the node's shared memory (`/dev/shm`, else the temporary directory:
+`node_dir`) of at most `stream_cache_bytes` (and half of the file system), mapped once by every
+process: its pages stay with it, so a buffer costs its writer a copy and its readers nothing
+but a check, not the page allocation, faults and unmapping of a file per buffer (a 1.1 MB
+buffer took about 540 us to write as a file of its own, 200 us to remove, and each reader about
+250 us to map, check and unmap: CHANGELOG, Serving). It is SEGMENTS segments filled in turn, a
+ring: a writer appends to the current segment and, when it is full, starts the next one that no
+process is reading from, whose generation it bumps (every entry of the generation before is
+stale from then on). A process reading buffers of a segment holds a shared record lock on it
+(`F_OFD_SETLK`) for as long as any array of those buffers lives (a finalizer lets it go), so no
+segment is rewritten under a reader; a writer that finds every other segment read from lays its
+buffer out for itself only (`unshared`). A process keeps at most half the arena's bytes of
+buffers (`reader_budget`), so the ring always has room.
+
+A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
+which a reader checks when it first takes the buffer; a small entry file under the buffer's name
+says where its slot is. A stale entry, or a slot that fails its check, is removed and the buffer
+laid out again. A buffer's bytes are decided by its name: the plan's fingerprint at its version
+(which covers the job's fixed parts, its phases and its datasets' content), the dataset and
+segment, the epoch and the chunk, so any process would write the same bytes.
+
 One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
 the buffer's lock file, which the kernel lets go when the process ends however it ends (a dead
 writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us,
-doubling to 1 ms), so it maps the file within about a millisecond of its writing; on the event
-loop a process does not wait (`get_or_make_now`) and leaves the buffer to a thread. The
-directory is kept under a byte budget: oldest files first are removed; a process that maps a
-removed file keeps its pages until it drops the mapping.
+doubling to 1 ms), so it reads the buffer within about a millisecond of its writing; on the
+event loop a process does not wait (`get_or_make_now`) and leaves the buffer to a thread.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import hashlib
 import logging
@@ -33,19 +48,33 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import xxhash
+from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins, range_lock
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TFROWS01"
-HEADER = struct.Struct("<8sQQI4x16s")  # magic, ids, starts, itemsize, digest of the payload
+SEGMENTS = 8
+# The arena's header page: magic, size, segment bytes, current segment, head in it, last stamp;
+# then one generation per segment.
+ARENA = struct.Struct("<8sQQQQQ")
+ARENA_MAGIC = b"TFARENA2"
+GENERATIONS = 64  # where the segments' generations start in the header page
+DATA_START = 4096
+# A slot: magic, stamp, the name's digest, ids, starts, itemsize, xxh3-128 of the payload.
+SLOT = struct.Struct("<8sQ16sQQI4x16s")
+SLOT_MAGIC = b"TFSLOT02"
+SLOT_HEADER = 128  # the payload starts this far into its slot
+ENTRY = struct.Struct("<8sQQQQQ")  # magic, segment, generation, offset, length, stamp
+ENTRY_MAGIC = b"TFROWS03"
 WAIT_SECONDS = 10.0  # the longest a process waits for another's layout before its own
 # A waiter tries the writer's lock again after POLL_FIRST seconds, then twice as long each time
 # up to POLL_MOST: a layout takes about a millisecond or a few (bench/, wire section).
@@ -62,33 +91,60 @@ def node_dir(cache_dir: str | Path) -> Path:
 
 
 def remove(root: str | Path) -> None:
-    """The directory and every buffer in it (a process that maps one keeps its pages)."""
+    """The directory, its arena and every entry in it."""
     shutil.rmtree(root, ignore_errors=True)
 
 
 class SharedRows:
-    """Row buffers in files under `root`, at most `budget` bytes of them (and at most half of
-    the file system's size: /dev/shm is often small in a container)."""
+    """Row buffers in the arena under `root`, at most `budget` bytes of them (and at most half
+    of the file system's size: /dev/shm is often small in a container)."""
 
     def __init__(self, root: str | Path, budget: int):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        st = os.statvfs(self.root)
-        self.budget = min(budget, st.f_blocks * st.f_frsize // 2)
-        self._written = 0  # bytes written since the last sweep
         self.made = 0  # buffers this process laid out and wrote
-        self.mapped = 0  # buffers this process mapped from another's file
+        self.mapped = 0  # buffers this process took from another's layout
         # Where this process starts in a plan's list of missing buffers (assembly.open_chunks):
         # a place of its own, so the node's processes lay out different buffers at once.
         self.turn = os.getpid()
+        self._alloc = threading.Lock()  # this process's writers, one at a time
+        path = self.root / "arena"
+        # Two open file descriptions: a writer's exclusive lock must meet this process's own
+        # readers' shared locks (locks of one description never conflict with each other).
+        self._read_fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        self._write_fd = os.open(path, os.O_RDWR)
+        with self._arena_locked():
+            size = os.fstat(self._read_fd).st_size
+            if size < DATA_START:  # the first process here sizes it
+                st = os.statvfs(self.root)
+                size = min(budget, st.f_blocks * st.f_frsize // 2)
+                segment = max((size - DATA_START) // SEGMENTS // DATA_START * DATA_START, 0)
+                size = DATA_START + SEGMENTS * segment
+                os.ftruncate(self._read_fd, size)
+                os.pwrite(self._read_fd, ARENA.pack(ARENA_MAGIC, size, segment, 0, 0, 0), 0)
+            head = os.pread(self._read_fd, ARENA.size, 0)
+        magic, self.budget, self.segment_bytes = ARENA.unpack(head)[:3]
+        if magic != ARENA_MAGIC or self.budget != size:
+            raise OSError(errno.EINVAL, f"{path} is not a row-buffer arena of this version")
+        self._map = mmap.mmap(self._read_fd, size)
+        self._view = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self._gens = np.frombuffer(self._map, np.uint64, SEGMENTS, GENERATIONS)
+        self._pins = Pins(self._read_fd, DATA_START, self.segment_bytes)
+
+    @property
+    def reader_budget(self) -> int:
+        """The most bytes of buffers a process keeps (its row cache's budget with the arena):
+        what it keeps, it holds segments with, and half the arena stays free to write."""
+        return self.budget // 2
 
     def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
-        """The buffer `name` (a relative path): mapped from its file, or laid out by `make` in
-        this process (and written for the others) when no file holds it; where another
-        process is laying it out, mapped once that one has written it."""
+        """The buffer `name` (a relative path): taken from the arena, or laid out by `make` in
+        this process (and written for the others) when the arena does not hold it; where
+        another process is laying it out, taken once that one has written it."""
         found = self._get_or_make(name, make, dtype, wait=True)
         if found is None:
-            raise RuntimeError(f"row buffer {name}: neither mapped nor laid out")
+            raise RuntimeError(f"row buffer {name}: neither read nor laid out")
         return found
 
     def get_or_make_now(
@@ -102,7 +158,7 @@ class SharedRows:
         self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, wait: bool
     ) -> RowBuffer | None:
         path = self.root / name
-        found = self._read(path, dtype)
+        found = self._read(path, name, dtype)
         if found is not None:
             return found
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,105 +171,202 @@ class SharedRows:
                 # A writer slower than WAIT_SECONDS: lay it out here, write nothing.
                 metrics.ROW_BUFFERS.labels("unshared").inc()
                 return make()
-            found = self._read(path, dtype)  # written by the lock's holder before us
+            found = self._read(path, name, dtype)  # written by the lock's holder before us
             if found is not None:
                 return found
             buf = make()
-            written = self._write(path, buf)
+            written = self._write(path, name, buf)
             self.made += written
             metrics.ROW_BUFFERS.labels("laid_out" if written else "unshared").inc()
             # The lock file goes before the lock: a process that opens the name later makes a
-            # new one, and finds the buffer's file first anyway. A process holding the old
-            # one's descriptor takes its lock next and maps the file.
+            # new one, and finds the buffer's entry first anyway. A process holding the old
+            # one's descriptor takes its lock next and reads the buffer.
             _unlink(lock)
             return buf
         finally:
             os.close(fd)  # lets go of the lock
 
-    # ---------------------------------------------------------------- files
+    # ---------------------------------------------------------------- reading
 
-    def _read(self, path: Path, dtype: np.dtype) -> RowBuffer | None:
+    def _read(self, path: Path, name: str, dtype: np.dtype) -> RowBuffer | None:
+        """The buffer of the entry at `path`, in place in the arena (read-only arrays that hold
+        its segment while they live); None where there is no entry, or where its segment was
+        rewritten since or its slot fails the check (the entry is removed)."""
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < HEADER.size:
-                    raise ValueError("shorter than its header")
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                raw = f.read(ENTRY.size + 1)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as e:
+        except OSError as e:
             log.warning("row buffer %s unreadable (%s): laid out again", path, e)
             _unlink(path)
             return None
-        magic, n_ids, n_starts, itemsize, digest = HEADER.unpack_from(mapped, 0)
-        payload = memoryview(mapped)[HEADER.size :]
-        if (
-            magic != MAGIC
-            or itemsize != dtype.itemsize
-            or len(payload) != n_ids * itemsize + n_starts * 8
-            or xxhash.xxh3_128_digest(payload) != digest
-        ):
-            payload.release()
-            log.warning("row buffer %s fails its check: laid out again", path)
+        got = self._in_place(raw, name, dtype) if len(raw) == ENTRY.size else None
+        if got is None:
             _unlink(path)
             return None
-        ids = np.frombuffer(mapped, dtype=dtype, count=n_ids, offset=HEADER.size)
-        starts = np.frombuffer(
-            mapped, dtype=np.int64, count=n_starts, offset=HEADER.size + n_ids * itemsize
-        )
-        payload.release()
         self.mapped += 1
         metrics.ROW_BUFFERS.labels("mapped").inc()
-        return RowBuffer(ids, starts)
+        return got
 
-    def _write(self, path: Path, buf: RowBuffer) -> bool:
+    def _in_place(self, raw: bytes, name: str, dtype: np.dtype) -> RowBuffer | None:
+        magic, seg, gen, offset, length, stamp = ENTRY.unpack(raw)
+        start = DATA_START + seg * self.segment_bytes
+        if (
+            magic != ENTRY_MAGIC
+            or seg >= SEGMENTS
+            or not start <= offset <= start + self.segment_bytes - max(length, SLOT_HEADER)
+        ):
+            return None
+        if not self._pins.pin(seg):
+            return None  # a writer is starting the segment anew
+        held = False
+        try:
+            if int(self._gens[seg]) != gen:
+                return None  # rewritten since the entry was written
+            head = SLOT.unpack_from(self._map, offset)
+            slot_magic, slot_stamp, named, n_ids, n_starts, itemsize, digest = head
+            starts_at = SLOT_HEADER + _align8(n_ids * itemsize)
+            if (
+                slot_magic != SLOT_MAGIC
+                or slot_stamp != stamp
+                or named != _name_digest(name)
+                or itemsize != dtype.itemsize
+                or starts_at + n_starts * 8 > length
+            ):
+                return None
+            payload = self._view[offset + SLOT_HEADER : offset + starts_at + n_starts * 8]
+            check = xxhash.xxh3_128()
+            check.update(payload[: n_ids * itemsize].data)
+            check.update(payload[starts_at - SLOT_HEADER :].data)
+            if check.digest() != digest:
+                log.warning("row buffer %s fails its check: laid out again", name)
+                return None
+            pinned = Pinned(self._map, self._address + offset, length)
+            weakref.finalize(pinned, self._pins.release_later, seg)
+            held = True
+            slot = np.asarray(pinned)  # read-only, and `pinned` lives while any view of it does
+            ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * itemsize].view(dtype)
+            return RowBuffer(ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64))
+        finally:
+            if not held:
+                self._pins.unpin(seg)
+
+    # ---------------------------------------------------------------- writing
+
+    def _write(self, path: Path, name: str, buf: RowBuffer) -> bool:
+        """Write `buf` into the arena and its entry at `path`; False where it cannot be (larger
+        than a segment, every other segment read from, a file that cannot be written): this
+        process's own copy still serves."""
         ids = np.ascontiguousarray(buf.ids)
         starts = np.ascontiguousarray(buf.starts, dtype=np.int64)
+        starts_at = SLOT_HEADER + _align8(ids.nbytes)
+        length = _align64(starts_at + starts.nbytes)
+        if length > self.segment_bytes:
+            return False
         digest = xxhash.xxh3_128()
         digest.update(ids.data.cast("B"))
         digest.update(starts.data.cast("B"))
-        header = HEADER.pack(MAGIC, ids.size, starts.size, ids.dtype.itemsize, digest.digest())
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(ids.data.cast("B"))
-                f.write(starts.data.cast("B"))
-            os.replace(tmp, path)
-        except OSError as e:  # a full or read-only disk: this process's copy still serves
-            log.warning("row buffer %s not written (%s)", path, e)
-            _unlink(tmp)
+        with self._alloc:
+            taken = self._take(length)
+        if taken is None:
             return False
-        self._written += HEADER.size + ids.nbytes + starts.nbytes
-        if self._written > self.budget // 4:
+        seg, gen, offset, stamp, renewed = taken
+        try:  # the segment is held (pinned) while its slot is written
+            view = self._view
+            view[offset + SLOT_HEADER : offset + SLOT_HEADER + ids.nbytes] = ids.view(np.uint8)
+            view[offset + starts_at : offset + starts_at + starts.nbytes] = starts.view(np.uint8)
+            SLOT.pack_into(
+                self._map,
+                offset,
+                SLOT_MAGIC,
+                stamp,
+                _name_digest(name),
+                ids.size,
+                starts.size,
+                ids.dtype.itemsize,
+                digest.digest(),
+            )
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(ENTRY.pack(ENTRY_MAGIC, seg, gen, offset, length, stamp))
+            os.replace(tmp, path)
+        except OSError as e:  # a full or read-only file system: this process's copy still serves
+            log.warning("row buffer %s not written (%s)", path, e)
+            return False
+        finally:
+            self._pins.unpin(seg)
+        if renewed and seg == 0:  # once a round of the ring: stale entries are a round's at most
             self.sweep()
         return True
 
+    def _take(self, length: int) -> tuple[int, int, int, int, bool] | None:
+        """Room for `length` bytes: in the current segment, else at the start of the next one
+        that no process reads from (its generation bumped), held (pinned) for the writing:
+        (segment, generation, offset, stamp, whether a segment was started anew); None where
+        every other segment is read from."""
+        self._pins.drain()
+        with self._arena_locked():
+            magic, size, segment, cur, head, stamp = ARENA.unpack_from(self._map, 0)
+            renewed = head + length > segment
+            if renewed:
+                for step in range(1, SEGMENTS):
+                    nxt = (cur + step) % SEGMENTS
+                    where = (DATA_START + nxt * segment, segment)
+                    if range_lock(self._write_fd, fcntl.F_WRLCK, *where):  # no one reads it
+                        self._gens[nxt] += np.uint64(1)
+                        range_lock(self._write_fd, fcntl.F_UNLCK, *where)
+                        cur, head = nxt, 0
+                        break
+                else:
+                    return None
+            offset = DATA_START + cur * segment + head
+            ARENA.pack_into(self._map, 0, magic, size, segment, cur, head + length, stamp + 1)
+            if not self._pins.pin(cur):  # cannot fail: segments start anew under this lock
+                return None
+            return cur, int(self._gens[cur]), offset, stamp + 1, renewed
+
+    def _arena_locked(self):
+        return Flocked(self._read_fd)
+
     def sweep(self) -> int:
-        """Remove the oldest files until the directory holds at most 3/4 of the budget, if it
-        holds more than the budget; the bytes removed."""
-        self._written = 0
-        files = []
+        """Remove the entries of segments written anew since (stale); how many. Run by the
+        writer that starts the first segment anew, once a round of the ring."""
+        removed = 0
         for dirpath, _, names in os.walk(self.root):
+            if dirpath == str(self.root):
+                continue  # the arena
             for n in names:
                 if n.endswith((".lock", ".tmp")):
                     continue
-                p = os.path.join(dirpath, n)
+                p = Path(dirpath) / n
                 try:
-                    st = os.stat(p)
-                except FileNotFoundError:
+                    raw = p.read_bytes()
+                except OSError:
                     continue
-                files.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in files)
-        if total <= self.budget:
-            return 0
-        removed = 0
-        for _, size, p in sorted(files):
-            if total - removed <= self.budget * 3 // 4:
-                break
-            _unlink(Path(p))
-            removed += size
+                if not self._current(raw):
+                    _unlink(p)
+                    removed += 1
         return removed
+
+    def _current(self, raw: bytes) -> bool:
+        """Whether an entry is of its segment's current generation."""
+        if len(raw) != ENTRY.size:
+            return False
+        magic, seg, gen = ENTRY.unpack(raw)[:3]
+        return magic == ENTRY_MAGIC and seg < SEGMENTS and int(self._gens[seg]) == gen
+
+
+def _name_digest(name: str) -> bytes:
+    return hashlib.blake2b(name.encode(), digest_size=16).digest()
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def _align64(n: int) -> int:
+    return (n + 63) & ~63
 
 
 def _locked(fd: int, deadline: float) -> bool:

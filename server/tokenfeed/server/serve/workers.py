@@ -259,8 +259,8 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         if config.server.metrics_listen
         else None
     )
-    rows = sharedrows.node_dir(config.server.cache_dir)  # the workers' shared row buffers
-    sharedrows.remove(rows)  # an earlier run's
+    # The workers' shared row buffers: an earlier run's were removed by open_server.
+    rows = sharedrows.node_dir(config.server.cache_dir)
     pool = WorkerPool(config, listen, health_listen, control, counted)
     for i in range(config.server.workers):
         pool.start(i)

@@ -225,7 +225,8 @@ class ServerSpec:
             "[sizing](deployment.md#sizing)); a smaller value only costs speed. Where it holds "
             "more windows, prefetch lays out up to eight windows ahead of the trainers. With "
             "`workers` "
-            "> 1 the workers share the buffers through files in `/dev/shm`, at most this much "
+            "> 1 the workers share the buffers through one arena in `/dev/shm` of at most this "
+            "much, and each process keeps at most half of it "
             "([workers](deployment.md#every-core-serving-workers))",
         ),
     )

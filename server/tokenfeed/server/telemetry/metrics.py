@@ -57,8 +57,9 @@ ROW_BUFFERS = Counter(
     "tokenfeed_row_buffers_total",
     "Row buffers the serving workers of a node share (server.workers > 1): laid_out (by this "
     "process: the supervisor ahead of the trainers, or a worker; written for the others), "
-    "mapped (another process's file), unshared (laid out here without writing: the other's "
-    "layout was too slow, or the file could not be written).",
+    "mapped (taken from another process's layout in the node's arena), unshared (laid out here "
+    "without writing: the other's layout was too slow, or the arena had no room or could not "
+    "be written).",
     ["outcome"],
     registry=REGISTRY,
 )
