@@ -19,15 +19,17 @@ _FLOCK = struct.Struct("hhqqi4x")  # struct flock (x86-64 and aarch64 Linux)
 
 class Pins:
     """The segments this process reads from, each held by a shared record lock (on `fd`)
-    while any array of its buffers lives: counted here, locked once."""
+    while any array of its buffers lives: counted here, locked once; and the bytes of the
+    buffers it reads in place (`in_place`)."""
 
     def __init__(self, fd: int, first: int, segment_bytes: int):
         self._fd, self._first, self._segment = fd, first, segment_bytes
         self._count: dict[int, int] = {}
+        self.in_place = 0  # bytes of buffers whose arrays hold their segments
         self._lock = threading.Lock()
         # Segments whose arrays died: a finalizer may run in any thread, in the middle of this
         # object's work (a garbage collection), so it only queues; the next pin or write lets go.
-        self._released: collections.deque[int] = collections.deque()
+        self._released: collections.deque[tuple[int, int]] = collections.deque()
 
     def pin(self, seg: int) -> bool:
         """Hold segment `seg`; False where a writer is starting it anew right now."""
@@ -43,8 +45,14 @@ class Pins:
         with self._lock:
             self._drop(seg)
 
-    def release_later(self, seg: int) -> None:
-        self._released.append(seg)
+    def keep(self, length: int) -> None:
+        """A pinned segment's buffer of `length` bytes is read in place: its arrays hold it
+        (`release_later` once none is left)."""
+        with self._lock:
+            self.in_place += length
+
+    def release_later(self, seg: int, length: int) -> None:
+        self._released.append((seg, length))
 
     def drain(self) -> None:
         with self._lock:
@@ -57,7 +65,9 @@ class Pins:
 
     def _drain(self) -> None:
         while self._released:
-            self._drop(self._released.popleft())
+            seg, length = self._released.popleft()
+            self.in_place -= length
+            self._drop(seg)
 
     def _drop(self, seg: int) -> None:
         n = self._count[seg] - 1

@@ -59,13 +59,9 @@ class RowBuffers:
         # copy (bench/, wire section). Bounded by bytes, not by count: a corpus of 20,000
         # chunks of 1 KB has as many small buffers an epoch, and a cap of 4096 laid them out
         # again on every read (bench/, scale).
-        # With the node's arena, what a process keeps holds arena segments: half of it at most
-        # (SharedRows.reader_budget), so writers always find room.
-        budget = stream_cache_bytes
-        if shared is not None:
-            budget = min(budget, shared.reader_budget)
-        self.budget = budget
-        self.buffers: LRU[tuple[Any, int, int], rowlayout.RowBuffer] = LRU(BUFFERS_MAX, budget)
+        self.buffers: LRU[tuple[Any, int, int], rowlayout.RowBuffer] = LRU(
+            BUFFERS_MAX, stream_cache_bytes
+        )
         # Row buffers being laid out, by key: a buffer is laid out once for every stream and
         # rank that needs it (the others wait for it), never once per thread that missed it.
         self._making: dict[tuple[Any, int, int], threading.Event] = {}

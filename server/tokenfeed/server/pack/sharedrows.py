@@ -19,8 +19,9 @@ process is reading from, whose generation it bumps (every entry of the generatio
 stale from then on). A process reading buffers of a segment holds a shared record lock on it
 (`F_OFD_SETLK`) for as long as any array of those buffers lives (a finalizer lets it go), so no
 segment is rewritten under a reader; a writer that finds every other segment read from lays its
-buffer out for itself only (`unshared`). A process keeps at most half the arena's bytes of
-buffers (`reader_budget`), so the ring always has room.
+buffer out for itself only (`unshared`). A process reads at most half the arena's bytes in
+place (`in_place_budget`) and copies a buffer out past that, so whatever its row cache keeps,
+it holds half the arena at most and the ring has room.
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which a reader checks when it first takes the buffer; a small entry file under the buffer's name
@@ -133,9 +134,10 @@ class SharedRows:
         self._pins = Pins(self._read_fd, DATA_START, self.segment_bytes)
 
     @property
-    def reader_budget(self) -> int:
-        """The most bytes of buffers a process keeps (its row cache's budget with the arena):
-        what it keeps, it holds segments with, and half the arena stays free to write."""
+    def in_place_budget(self) -> int:
+        """The most bytes of buffers a process reads in place (holding their segments): half
+        the arena, so the other half is free to write whatever the process keeps; past it, a
+        buffer is copied out (its own memory, like one it lays out)."""
         return self.budget // 2
 
     def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
@@ -242,8 +244,14 @@ class SharedRows:
             if check.digest() != digest:
                 log.warning("row buffer %s fails its check: laid out again", name)
                 return None
+            if self._pins.in_place + length > self.in_place_budget:  # copied out, not held
+                ids = payload[: n_ids * itemsize].view(dtype).copy()
+                starts = payload[starts_at - SLOT_HEADER :].view(np.int64).copy()
+                ids.flags.writeable = starts.flags.writeable = False
+                return RowBuffer(ids, starts)
             pinned = Pinned(self._map, self._address + offset, length)
-            weakref.finalize(pinned, self._pins.release_later, seg)
+            weakref.finalize(pinned, self._pins.release_later, seg, length)
+            self._pins.keep(length)
             held = True
             slot = np.asarray(pinned)  # read-only, and `pinned` lives while any view of it does
             ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * itemsize].view(dtype)

@@ -28,11 +28,11 @@ def start_builds(config: Config, jobs: dict[str, Job]) -> tuple[ThreadPoolExecut
     threads = config.server.tokenize_threads
     tokenize = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
     tasks = [asyncio.create_task(job.build_index(tokenize, threads)) for job in jobs.values()]
-    # The lay-ahead sizes its windows by the row cache's budget (with serving workers, half
-    # the node's arena: pack/sharedrows.py).
     tasks += [
         asyncio.create_task(
-            keep_ahead(job, tokenize, config.server.prefetch_steps, job.assembler.rows.budget)
+            keep_ahead(
+                job, tokenize, config.server.prefetch_steps, config.server.stream_cache_bytes
+            )
         )
         for job in jobs.values()
     ]
