@@ -84,26 +84,36 @@ def test_a_waiter_wakes_at_the_step_it_waits_for_or_a_rollback():
     assert asyncio.run(run()) == ["14 at 14", "20 at 3"]
 
 
-def test_a_run_restarted_at_a_new_size_moves_prefetch_to_its_ranks_at_once():
-    """Elastic training: the ranks of the old size stopped (a restart takes seconds); their
-    steps stop holding prefetch when the first rank of the new size asks, not 10 minutes on."""
+def test_a_run_restarted_at_a_new_size_moves_prefetch_to_its_ranks_within_seconds():
+    """Elastic training: the ranks of the old size stopped (a restart takes longer than
+    RESIZE_SECONDS); once the new size has asked for RESIZE_SECONDS their steps stop holding
+    prefetch, not 10 minutes on. A tool that asks once at another size in a pause does not."""
     p = Progress()
     for step in range(300, 400):
         for rank in range(16):
             p.note(step, rank, 16, 1000.0 + step / 10)
     assert p.furthest == 399
     p.prefetched = 407
-    restart = 1000.0 + 39.9 + progress_mod.RESIZE_SECONDS + 30  # checkpoint loaded
-    p.note(120, 0, 8, restart)  # the new run resumes an earlier checkpoint with 8 ranks
-    assert p.furthest == 120 and p.prefetched == 120
-    assert all(world == 8 for _, world in p.ranks)
-    p.note(121, 1, 8, restart + 0.1)
-    assert p.furthest == 121
+    p.note(0, 0, 1, 1045.0)  # a checkpoint pause; someone reads step 0 with the CLI
+    assert p.furthest == 399 and p.prefetched == 407
+    restart = 1100.0  # the new run resumes an earlier checkpoint with 8 ranks
+    for k, step in enumerate(range(120, 126)):
+        for rank in range(8):
+            p.note(step, rank, 8, restart + k * 0.5)
+        if k * 0.5 < progress_mod.RESIZE_SECONDS:
+            assert p.furthest == 399  # the old run's ranks still hold it
+    # Moved back at the first request RESIZE_SECONDS after the new size's first (step 124);
+    # prefetch starts again from there.
+    assert p.furthest == 125 and p.prefetched == 124
+    assert len(p.ranks) == 16 + 1 + 8  # the status page still lists every rank heard from
+    p.note(126, 0, 8, restart + 3.1)
+    assert p.furthest == 126
 
 
-def test_another_size_that_goes_on_asking_stays_active(monkeypatch):
-    """An evaluation of 2 ranks beside a training run of 8 that is further on: both ask in
-    turn, so neither is dropped, and prefetch stays with the furthest."""
+def test_another_size_that_goes_on_asking_keeps_holding_prefetch(monkeypatch):
+    """An evaluation of 2 ranks reading further on than a training run of 8: while both ask in
+    turn both hold prefetch (the furthest is the evaluation's); once the evaluation stops and the
+    training has asked alone for RESIZE_SECONDS, the training's step is the furthest."""
     clock = [5000.0]
     monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
     p, now = Progress(), 1000.0
@@ -111,17 +121,13 @@ def test_another_size_that_goes_on_asking_stays_active(monkeypatch):
         now += 0.3
         clock[0] += 0.3
         for rank in range(8):
-            p.note(500 + step, rank, 8, now)
+            p.note(100 + step, rank, 8, now)
         for rank in range(2):
-            p.note(step, rank, 2, now)
-    assert p.furthest == 549
-    assert len(p.ranks) == 10
-    # The evaluation ends; training goes on; the eval's ranks go once they are silent.
-    for step in range(50, 60):
+            p.note(900 + step, rank, 2, now)
+        assert p.furthest == 900 + step
+    for step in range(50, 60):  # the evaluation has ended
         now += 0.5
         clock[0] += 0.5
         for rank in range(8):
-            p.note(500 + step, rank, 8, now)
-    p.note(0, 0, 1, now)  # a tool reads step 0 once: a third size
-    assert {w for _, w in p.ranks} == {8, 1}  # the evaluation's ranks were silent for 5 s
-    assert p.furthest == 559
+            p.note(100 + step, rank, 8, now)
+    assert p.furthest == 159 and len(p.ranks) == 10

@@ -1,14 +1,17 @@
 """What the trainers of one job have asked for, and how far prefetch is ahead of them.
 
 Bookkeeping on the event loop only: each active rank's latest step (a rank is
-`(rank, world_size)`; the table is bounded; a rank not heard from for RANK_EXPIRY_SECONDS is no
-longer active, nor is one of another world size than the latest request's that has been silent
-for RESIZE_SECONDS: a run restarted at a new size moves prefetch to its new ranks at once), the
-furthest step of the active ranks (which prefetch and eviction plan from: a run rolled back to
-an earlier checkpoint moves it back, and prefetch follows), and the job's step rate, which
-turns a lead in steps into seconds. O(1) per request: the furthest step is recomputed over the
-ranks only when every rank that held it has moved back, when the world size changes (at most
-once per RESIZE_SECONDS), or when expired ranks are swept (at most every SWEEP_SECONDS).
+`(rank, world_size)`; the table is bounded, and a rank not heard from for RANK_EXPIRY_SECONDS is
+no longer active), the furthest step of the active ranks (which prefetch and eviction plan
+from: a run rolled back to an earlier checkpoint moves it back, and prefetch follows), and the
+job's step rate, which turns a lead in steps into seconds. A run restarted at another world size
+moves it within RESIZE_SECONDS: once the new size has asked for that long, ranks of other sizes
+silent for as long stop holding it (they stay in the table until they expire); a size that
+goes on asking beside another (an evaluation beside the training) keeps holding it, and so does
+a training run in a pause when a tool asks once at another size. O(1) per request: the furthest
+step is recomputed over the ranks only when every rank that held it has moved back, when a new
+size has asked for RESIZE_SECONDS, or when expired ranks are swept (at most every
+SWEEP_SECONDS).
 """
 
 from __future__ import annotations
@@ -21,10 +24,9 @@ MAX_RANKS = 4096  # the status page shows the most recent ranks of very wide job
 # no longer holds prefetch and eviction. Longer than any checkpoint save or evaluation pause.
 RANK_EXPIRY_SECONDS = 600.0
 SWEEP_SECONDS = 10.0
-# A rank of another world size than the latest request's, silent this long, has stopped: a run
-# restarted at a new size (elastic training, a resumed checkpoint), whose old ranks stopped
-# before its new ones started; a restart takes longer than this. Ranks of other sizes that go on
-# asking (an evaluation beside the training) stay active.
+# Once requests of a new world size have come for this long, ranks of other sizes silent for as
+# long stop holding prefetch: a run restarted at a new size (elastic training, a resumed
+# checkpoint), whose old ranks stopped before its new ones started.
 RESIZE_SECONDS = 2.0
 _RATE_WEIGHT = 0.2  # of the newest interval in the moving average of the step rate
 
@@ -42,11 +44,16 @@ class Progress:
         self._changed = asyncio.Event()
         self._wake_at = 0  # the furthest step that wakes a waiter of `reaches`
         self._world = 0  # the world size of the latest request
-        self._resized = -RESIZE_SECONDS  # when (`now`) a new world size last walked the ranks
+        self._world_since = 0.0  # when (`now`) requests of that size began
+        self._resize_at: float | None = None  # when to look at the other sizes' ranks again
 
     def note(self, step: int, rank: int, world_size: int, now: float | None = None) -> None:
         """A training request of (rank, world_size) for `step`."""
         now = time.time() if now is None else now
+        if world_size != self._world:  # a run restarted at a new size, or two sizes in turn
+            if self._world:
+                self._resize_at = now + RESIZE_SECONDS
+            self._world, self._world_since = world_size, now
         key = (rank, world_size)
         before = self.ranks.pop(key, None)
         self.ranks[key] = (step, now)
@@ -60,12 +67,9 @@ class Progress:
             self._advance(step, now)
         elif step == self.furthest and (before is None or before[0] != step):
             self._at_furthest += 1
-        resized = False
-        if world_size != self._world:  # a run restarted at a new size, or two sizes asking
-            self._world = world_size
-            # At most once per RESIZE_SECONDS: two sizes asking in turn walk the ranks rarely.
-            resized = now - self._resized > RESIZE_SECONDS
-            self._resized = now if resized else self._resized
+        resized = self._resize_at is not None and now >= self._resize_at
+        if resized:  # the new size has asked for RESIZE_SECONDS: the others may have stopped
+            self._resize_at = None
         if self._at_furthest <= 0 or resized or time.monotonic() - self._swept > SWEEP_SECONDS:
             self._recompute(now)
 
@@ -83,18 +87,18 @@ class Progress:
             self._changed.set()
 
     def _recompute(self, now: float) -> None:
-        """Drop expired ranks and find the active ranks' furthest step: O(ranks), only when
-        the furthest step's last holder moved back, when the world size changes, or once per
-        SWEEP_SECONDS."""
+        """Drop expired ranks and find the furthest step of the ranks that hold it: O(ranks),
+        only when the furthest step's last holder moved back, when a new world size has asked
+        for RESIZE_SECONDS, or once per SWEEP_SECONDS."""
         self._swept = time.monotonic()
-        world = self._world
-        for key in [
-            k
-            for k, (_, t) in self.ranks.items()
-            if now - t > (RANK_EXPIRY_SECONDS if k[1] == world else RESIZE_SECONDS)
-        ]:
+        for key in [k for k, (_, t) in self.ranks.items() if now - t > RANK_EXPIRY_SECONDS]:
             del self.ranks[key]
-        steps = [s for s, _ in self.ranks.values()]
+        world, since = self._world, self._world_since
+        steps = [
+            s
+            for (_, size), (s, t) in self.ranks.items()
+            if size == world or now - max(t, since) < RESIZE_SECONDS  # another size: still asking
+        ]
         furthest = max(steps, default=-1)
         self._at_furthest = steps.count(furthest) if steps else 0
         if furthest < self.furthest:  # a rollback (or the leaders stopped): prefetch from here
