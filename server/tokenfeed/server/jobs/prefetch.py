@@ -12,6 +12,7 @@ missing and no row is planned; otherwise the steps' rows are planned exactly
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -87,13 +88,20 @@ async def fetch_steps(
     needed = job.planner.chunks_of_steps(first, end)
     missing = [(d, c) for d, c in needed if not job.store.has_body(job.indexes[d].keys[c])]
     if missing:
+        # The steps' chunks are held while the missing ones are made, so that one made for
+        # them neither evicts another of them nor is turned away to keep one (the cache ranks
+        # a window's chunks alike); not where they would fill more than half the cache.
+        cache = job.store.cache
+        size = sum(int(job.indexes[d].body_bytes[c]) for d, c in needed)
+        held = [("chunk", job.indexes[d].keys[c]) for d, c in needed]
         loop = asyncio.get_running_loop()
-        await asyncio.gather(
-            *(
-                loop.run_in_executor(executor, job.indexes[d].ensure_chunk, c, True)
-                for d, c in missing
+        with cache.pinned(held) if 2 * size <= cache.budget else contextlib.nullcontext():
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(executor, job.indexes[d].ensure_chunk, c, True)
+                    for d, c in missing
+                )
             )
-        )
 
 
 class WindowChunks:
