@@ -101,8 +101,9 @@ def open_server(config: Config, shared_rows: bool = False) -> Stack:
     # into the node's shared ones.
     rows = None
     if shared_rows:  # an earlier run's arena goes first: this server's workers map this one
-        remove(node_dir(config.server.cache_dir))
-        rows = SharedRows(node_dir(config.server.cache_dir), config.server.stream_cache_bytes)
+        root = node_dir(config.server.cache_dir)
+        remove(root)
+        rows = SharedRows(root, config.server.stream_cache_bytes)
     keepers = plan_keepers(config, storage, cache)
     jobs = _jobs(config, store, storage, shared, None, keepers, rows)
     cache.set_policy(FutureUse(list(jobs.values())))

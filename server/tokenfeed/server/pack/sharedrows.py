@@ -114,7 +114,7 @@ class SharedRows:
         # readers' shared locks (locks of one description never conflict with each other).
         self._read_fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         self._write_fd = os.open(path, os.O_RDWR)
-        with self._arena_locked():
+        with Flocked(self._read_fd):
             size = os.fstat(self._read_fd).st_size
             if size < DATA_START:  # the first process here sizes it
                 st = os.statvfs(self.root)
@@ -237,25 +237,25 @@ class SharedRows:
                 or starts_at + n_starts * 8 > length
             ):
                 return None
-            payload = self._view[offset + SLOT_HEADER : offset + starts_at + n_starts * 8]
-            check = xxhash.xxh3_128()
-            check.update(payload[: n_ids * itemsize].data)
-            check.update(payload[starts_at - SLOT_HEADER :].data)
-            if check.digest() != digest:
+
+            def parts(slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * itemsize].view(dtype)
+                return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
+
+            ids, starts = parts(self._view[offset : offset + length])
+            if _digest(ids, starts) != digest:
                 log.warning("row buffer %s fails its check: laid out again", name)
                 return None
             if self._pins.in_place + length > self.in_place_budget:  # copied out, not held
-                ids = payload[: n_ids * itemsize].view(dtype).copy()
-                starts = payload[starts_at - SLOT_HEADER :].view(np.int64).copy()
+                ids, starts = ids.copy(), starts.copy()
                 ids.flags.writeable = starts.flags.writeable = False
                 return RowBuffer(ids, starts)
             pinned = Pinned(self._map, self._address + offset, length)
             weakref.finalize(pinned, self._pins.release_later, seg, length)
             self._pins.keep(length)
             held = True
-            slot = np.asarray(pinned)  # read-only, and `pinned` lives while any view of it does
-            ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * itemsize].view(dtype)
-            return RowBuffer(ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64))
+            # Read-only, and `pinned` lives while any view of it does.
+            return RowBuffer(*parts(np.asarray(pinned)))
         finally:
             if not held:
                 self._pins.unpin(seg)
@@ -272,9 +272,6 @@ class SharedRows:
         length = _align64(starts_at + starts.nbytes)
         if length > self.segment_bytes:
             return False
-        digest = xxhash.xxh3_128()
-        digest.update(ids.data.cast("B"))
-        digest.update(starts.data.cast("B"))
         with self._alloc:
             taken = self._take(length)
         if taken is None:
@@ -293,7 +290,7 @@ class SharedRows:
                 ids.size,
                 starts.size,
                 ids.dtype.itemsize,
-                digest.digest(),
+                _digest(ids, starts),
             )
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             with open(tmp, "wb") as f:
@@ -314,7 +311,7 @@ class SharedRows:
         (segment, generation, offset, stamp, whether a segment was started anew); None where
         every other segment is read from."""
         self._pins.drain()
-        with self._arena_locked():
+        with Flocked(self._read_fd):
             magic, size, segment, cur, head, stamp = ARENA.unpack_from(self._map, 0)
             renewed = head + length > segment
             if renewed:
@@ -333,9 +330,6 @@ class SharedRows:
             if not self._pins.pin(cur):  # cannot fail: segments start anew under this lock
                 return None
             return cur, int(self._gens[cur]), offset, stamp + 1, renewed
-
-    def _arena_locked(self):
-        return Flocked(self._read_fd)
 
     def sweep(self) -> int:
         """Remove the entries of segments written anew since (stale); how many. Run by the
@@ -363,6 +357,14 @@ class SharedRows:
             return False
         magic, seg, gen = ENTRY.unpack(raw)[:3]
         return magic == ENTRY_MAGIC and seg < SEGMENTS and int(self._gens[seg]) == gen
+
+
+def _digest(ids: np.ndarray, starts: np.ndarray) -> bytes:
+    """A slot's check: the xxh3-128 of its ids' and its starts' bytes."""
+    digest = xxhash.xxh3_128()
+    digest.update(ids.data.cast("B"))
+    digest.update(starts.data.cast("B"))
+    return digest.digest()
 
 
 def _name_digest(name: str) -> bytes:
