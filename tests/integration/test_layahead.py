@@ -133,6 +133,22 @@ def test_a_budget_that_holds_one_window_lays_out_only_the_current_one(tmp_path, 
     assert ahead.keys_ahead(0)[: lay.window_chunks * 2] == _expected(job, [(0, 0), (0, 1)])
 
 
+def test_a_supervisor_lays_out_at_most_half_the_nodes_arena_ahead(tmp_path, corpus):
+    """With serving workers the arena holds what is laid out ahead, beside what the workers
+    hold in place: a supervisor lays out only what half the arena holds, whatever the row
+    budget (pack/sharedrows.py)."""
+    job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+    lay = job.planner.layout(0, 0)
+    sizes = [layahead.WindowLayouts(job, BIG)._bytes(0, lay, w) for w in range(2)]
+    assert len(_windows(layahead.WindowLayouts(job, BIG).keys_ahead(0))) > 1
+    page = sharedrows.DATA_START
+    segment = ((sizes[0] + 2 * sizes[1]) * 2 - page - 1) // sharedrows.SEGMENTS // page * page
+    arena = sharedrows.SharedRows(tmp_path / "shm", page + sharedrows.SEGMENTS * segment)
+    assert arena.budget // 2 < sizes[0] + 2 * sizes[1]  # half of it: not the next window
+    job.assembler.rows.shared = arena
+    assert layahead.WindowLayouts(job, BIG).keys_ahead(0) == _expected(job, [(0, 0)])
+
+
 def test_buffers_laid_out_ahead_are_those_a_stream_lays_out(tmp_path, corpus):
     spec = job_spec([corpus / "*"])
     ahead_job = built_job(tmp_path / "a", spec)

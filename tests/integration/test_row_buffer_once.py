@@ -15,6 +15,8 @@ from support import built_job, job_spec
 from tokenfeed.client import wire
 from tokenfeed.server.pack import rowlayout
 
+BIG_CACHE = 1 << 30
+
 
 def _job(cache, corpus):
     return built_job(cache, job_spec([corpus / "*"], seq_len=48, seed=9, global_batch_size=16))
@@ -197,3 +199,47 @@ def test_a_nodes_processes_start_at_their_own_place_and_map_each_others_buffers(
     for (e, c), (e2, c2) in ((got, want), (again, want)):
         assert e == e2
         assert np.array_equal(c.tokens, c2.tokens) and np.array_equal(c.starts, c2.starts)
+
+
+def test_workers_that_read_apart_leave_the_arena_a_segment_to_share(tmp_path, corpus):
+    """Two serving workers whose row caches could keep every buffer they read (a budget as
+    large as the arena) hold at most a quarter of the node's arena in place each, their
+    newest: the supervisor still writes each buffer it lays out into the arena, and a worker
+    maps it. With each holding its oldest views (up to half the arena each), the two held
+    every segment and every later buffer was laid out by each process apart (`unshared`)."""
+    from tokenfeed.server.pack.sharedrows import DATA_START, SEGMENTS, SharedRows
+
+    writer, first, second = (_job(tmp_path / f"cache-{k}", corpus) for k in range(3))
+    spe = writer.steps_per_epoch
+
+    def keys(epoch: int) -> list:
+        plan = writer.plan_steps(list(range(epoch * spe, (epoch + 1) * spe)), 0, 1)
+        return sorted(k for k in plan.buffers if k[1] == epoch)
+
+    epoch_bytes = sum(writer.assembler.row_buffer(*k).nbytes for k in keys(0))
+    # A ring of four and a half epochs' buffers: a quarter of it holds about one.
+    segment = -(-epoch_bytes * 9 // 16 // DATA_START) * DATA_START
+    arena = tmp_path / "shm"
+    for job in (writer, first, second):
+        rows = job.assembler.rows
+        rows.buffers.budget = BIG_CACHE  # keeps whatever it reads
+        rows.shared, rows._identity = (
+            SharedRows(arena, DATA_START + SEGMENTS * segment),
+            lambda: "fp",
+        )
+    shared = writer.assembler.rows.shared
+    laid = [writer.assembler.row_buffer(*k) for e in range(1, 5) for k in keys(e)]
+    assert shared.made == len(laid)  # the ring holds four epochs
+    for reader, epochs in ((first, (1, 2)), (second, (3, 4))):  # ranks far apart
+        for k in (k for e in epochs for k in keys(e)):
+            reader.assembler.row_buffer(*k)
+        got = reader.assembler.rows.shared
+        assert got.made == 0 and got.mapped == sum(len(keys(e)) for e in epochs)
+        assert 0 < got.in_place_bytes() <= got.in_place_budget
+    laid += [writer.assembler.row_buffer(*k) for e in (5, 6) for k in keys(e)]
+    assert shared.made == len(laid)  # every one written for the others, none unshared
+    mapped = second.assembler.rows.shared.mapped
+    got = [second.assembler.row_buffer(*k) for k in keys(6)]
+    assert second.assembler.rows.shared.mapped == mapped + len(got)  # none laid out again
+    for a, b in zip(got, laid[-len(got) :], strict=True):
+        assert np.array_equal(a.ids, b.ids) and np.array_equal(a.starts, b.starts)

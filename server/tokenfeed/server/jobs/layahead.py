@@ -13,8 +13,8 @@ which its workers map: the layout of an epoch is paid once for all ranks and off
 process (bench/, wire section).
 
 Only what fits: windows past the one being read are laid out only while the row-buffer budget
-(`server.stream_cache_bytes`) holds them beside it and one more window; else only the current
-one, as the docs size the budget. Only
+(`server.stream_cache_bytes`; with workers, half the node's arena) holds them beside it and one
+more window; else only the current one, as the docs size the budget. Only
 for concat rows of a dataset's first segment (the windows prefetch knows); a later segment's
 rows are laid out by the streams that read them, as before. Nothing here changes a byte: a
 buffer's bytes are decided by its key, whoever lays it out. Nothing is fetched either: a
@@ -50,6 +50,12 @@ class WindowLayouts:
     """The row buffers of the windows a job's trainers reach next, not yet laid out."""
 
     def __init__(self, job: Job, budget: int):
+        # In a supervisor, the node's arena holds what is laid out ahead: at most half of it,
+        # so that what the workers hold in place beside it leaves the ring a segment to write
+        # (pack/sharedrows.py) and no buffer is written over before a worker reads it.
+        shared = job.assembler.rows.shared
+        if shared is not None:
+            budget = min(budget, shared.budget // 2)
         self.job, self.budget = job, budget
         self._done: set[tuple[int, int, int]] = set()
         # Per dataset, the windows found for the rows of its last look's window: the same for

@@ -97,6 +97,15 @@ class Pinned:
         }
 
 
+def held_in_place(array: object) -> bool:
+    """Whether an array's memory is a slot of the arena (a `Pinned`, which holds its
+    segment), through however many views."""
+    base = getattr(array, "base", None)
+    while base is not None and not isinstance(base, Pinned):
+        base = getattr(base, "base", None)
+    return base is not None
+
+
 class Flocked:
     """The arena's allocation lock (`flock` on the arena file) while in a `with`."""
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.pack import rowlayout
+from tokenfeed.server.pack.arenalocks import held_in_place
 from tokenfeed.server.pack.opened import NotMapped, OpenedChunks
 from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
@@ -111,6 +112,7 @@ class RowBuffers:
             with self._making_lock:
                 del self._making[key]
             making.set()
+            self._let_go()
 
     @staticmethod
     def _file_name(identity: str, key: tuple[Any, int, int]) -> str:
@@ -162,7 +164,27 @@ class RowBuffers:
             with self._making_lock:
                 del self._making[name]
             making.set()
+            self._let_go()
         return True
+
+    def _let_go(self) -> None:
+        """In a serving worker, once this process holds more than three quarters of its share
+        of the node's arena in place (`SharedRows.in_place_budget`), let go of the row cache's
+        oldest buffers read in place until it holds half of it: they are of windows already
+        read (rows are read in order), and the segments they hold are the ones the ring writes
+        next; the next buffers read then fit in place (past the share, they are copied out). A
+        buffer let go that is read again is taken from the arena again while it is there, or
+        laid out anew."""
+        shared = self.shared
+        if shared is None or shared.in_place_bytes() <= shared.in_place_budget * 3 // 4:
+            return
+        keep = shared.in_place_budget // 2
+        for key in self.buffers.keys():  # oldest first
+            buf = self.buffers.peek(key)
+            if buf is not None and held_in_place(buf.ids):
+                self.buffers.discard(key)
+                if shared.in_place_bytes() <= keep:
+                    return
 
     def _lay_out(
         self, key: int | tuple[int, int], epoch: int, c: int, position: int, here: bool = False

@@ -19,9 +19,11 @@ process is reading from, whose generation it bumps (every entry of the generatio
 stale from then on). A process reading buffers of a segment holds a shared record lock on it
 (`F_OFD_SETLK`) for as long as any array of those buffers lives (a finalizer lets it go), so no
 segment is rewritten under a reader; a writer that finds every other segment read from lays its
-buffer out for itself only (`unshared`). A process reads at most half the arena's bytes in
-place (`in_place_budget`) and copies a buffer out past that, so whatever its row cache keeps,
-it holds half the arena at most and the ring has room.
+buffer out for itself only (`unshared`). A process holds at most a quarter of the arena's bytes
+in place (`in_place_budget`): its row cache lets go of its oldest buffers read in place once it
+holds more (`RowBuffers`), and a buffer read past the budget is copied out. The workers read
+the same windows, so together they hold about a quarter; the supervisor lays out at most half
+the arena ahead of them (jobs/layahead.py); the ring keeps a segment to write (CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which a reader checks when it first takes the buffer; a small entry file under the buffer's name
@@ -135,10 +137,15 @@ class SharedRows:
 
     @property
     def in_place_budget(self) -> int:
-        """The most bytes of buffers a process reads in place (holding their segments): half
-        the arena, so the other half is free to write whatever the process keeps; past it, a
-        buffer is copied out (its own memory, like one it lays out)."""
-        return self.budget // 2
+        """The most bytes of buffers a process reads in place (holding their segments): a
+        quarter of the arena; past it, a buffer is copied out (its own memory, like one it lays
+        out). The module's docstring says why a quarter."""
+        return self.budget // 4
+
+    def in_place_bytes(self) -> int:
+        """The bytes of buffers this process holds in place now (arrays of them live)."""
+        self._pins.drain()
+        return self._pins.in_place
 
     def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
         """The buffer `name` (a relative path): taken from the arena, or laid out by `make` in
