@@ -226,7 +226,7 @@ class ServerSpec:
             "more windows, prefetch lays out up to eight windows ahead of the trainers. With "
             "`workers` "
             "> 1 the workers share the buffers through one arena in `/dev/shm` of at most this "
-            "much, each process reading at most half of it in place "
+            "much, each process holding at most a quarter of it in place "
             "([workers](deployment.md#every-core-serving-workers))",
         ),
     )
