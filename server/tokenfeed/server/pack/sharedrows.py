@@ -10,20 +10,17 @@ buffers are memory (`server.stream_cache_bytes`), not the disk cache: the arena 
 
 The arena is one file in the node's shared memory (`/dev/shm`, else the temporary directory:
 `node_dir`) of at most `stream_cache_bytes` (and half of the file system), mapped once by every
-process: its pages stay with it, so a buffer costs its writer a copy and its readers nothing
-but a check, not the page allocation, faults and unmapping of a file per buffer (a 1.1 MB
-buffer took about 540 us to write as a file of its own, 200 us to remove, and each reader about
-250 us to map, check and unmap: CHANGELOG, Serving). It is SEGMENTS segments filled in turn, a
-ring: a writer appends to the current segment and, when it is full, starts the next one that no
-process is reading from, whose generation it bumps (every entry of the generation before is
-stale from then on). A process reading buffers of a segment holds a shared record lock on it
-(`F_OFD_SETLK`) for as long as any array of those buffers lives (a finalizer lets it go), so no
-segment is rewritten under a reader; a writer that finds every other segment read from lays its
-buffer out for itself only (`unshared`). A process holds at most a quarter of the arena's bytes
-in place (`in_place_budget`): its row cache lets go of its oldest buffers read in place once it
-holds more (`RowBuffers`), and a buffer read past the budget is copied out. The workers read
-the same windows, so together they hold about a quarter; the supervisor lays out at most half
-the arena ahead of them (jobs/layahead.py); the ring keeps a segment to write (CHANGELOG).
+process: its pages stay mapped, so a buffer costs its writer a copy and its readers a check
+(a file per buffer cost far more: CHANGELOG, Serving). It is SEGMENTS segments filled in turn,
+a ring: a writer appends to the current segment and, when it is full, starts the next one that
+no process reads from, whose generation it bumps (the entries of the one before are stale). A
+process reading buffers of a segment holds a shared record lock on it (`F_OFD_SETLK`) while any
+array of those buffers lives (a finalizer lets it go), so no segment is rewritten under a
+reader; a writer that finds every other segment read from keeps its buffer (`unshared`). A
+process holds at most a quarter of the arena in place (`in_place_budget`; its row cache lets
+go of its oldest such buffers, `RowBuffers`; past it a buffer is copied out), the workers read
+the same windows, and the supervisor lays out at most half the arena ahead (jobs/layahead.py):
+the ring keeps a segment to write (CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which a reader checks when it first takes the buffer; a small entry file under the buffer's name
@@ -33,10 +30,9 @@ laid out again. A buffer's bytes are decided by its name: the plan's fingerprint
 segment, the epoch and the chunk, so any process would write the same bytes.
 
 One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
-the buffer's lock file, which the kernel lets go when the process ends however it ends (a dead
-writer's lock is free at once); a waiter tries the lock at a short interval (from 50 us,
-doubling to 1 ms), so it reads the buffer within about a millisecond of its writing; on the
-event loop a process does not wait (`get_or_make_now`) and leaves the buffer to a thread.
+the buffer's lock file, which the kernel lets go when the process ends however it ends; a
+waiter tries the lock from 50 us, doubling to 1 ms, so it reads the buffer about a millisecond
+after its writing; on the event loop a process does not wait (`get_or_make_now`).
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ SLOT_HEADER = 128  # the payload starts this far into its slot
 ENTRY = struct.Struct("<8sQQQQQ")  # magic, segment, generation, offset, length, stamp
 ENTRY_MAGIC = b"TFROWS03"
 WAIT_SECONDS = 10.0  # the longest a process waits for another's layout before its own
-# A waiter tries the writer's lock again after POLL_FIRST seconds, then twice as long each time
-# up to POLL_MOST: a layout takes about a millisecond or a few (bench/, wire section).
+# A waiter tries the writer's lock after POLL_FIRST seconds, then twice as long up to POLL_MOST.
 POLL_FIRST, POLL_MOST = 50e-6, 1e-3
 
 
@@ -137,9 +132,8 @@ class SharedRows:
 
     @property
     def in_place_budget(self) -> int:
-        """The most bytes of buffers a process reads in place (holding their segments): a
-        quarter of the arena; past it, a buffer is copied out (its own memory, like one it lays
-        out). The module's docstring says why a quarter."""
+        """The most bytes of buffers a process reads in place (holding their segments; past
+        it, a buffer is copied out): a quarter of the arena, as the module's docstring says."""
         return self.budget // 4
 
     def in_place_bytes(self) -> int:
