@@ -35,11 +35,14 @@ documents), tokenized with a tokenizer trained on it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +142,13 @@ def job_shapes(ranks: int) -> tuple[tuple[int, int], ...]:
 
 
 def write_config(
-    path: Path, corpus: Path, tokenizer: Path, cache: Path, workers: int, ranks: int
+    path: Path,
+    corpus: Path,
+    tokenizer: Path,
+    cache: Path,
+    workers: int,
+    ranks: int,
+    metrics: bool = False,
 ) -> None:
     jobs = {
         job_name(r, s): {
@@ -155,7 +164,31 @@ def write_config(
     server = {"listen": "127.0.0.1:0", "cache_dir": str(cache), "grace_seconds": 2.0}
     if workers > 1:
         server["workers"] = workers
+    if metrics:  # /metrics on a port of its own (the ready file names it)
+        server["metrics_listen"] = "127.0.0.1:0"
     path.write_text(yaml.safe_dump({"server": server, "jobs": jobs}, sort_keys=False))
+
+
+def shares_rows(tree: Path) -> bool:
+    """Whether a tree's server counts its workers' shared row buffers on /metrics."""
+    found = tree / "server/tokenfeed/server/telemetry/metrics.py"
+    return found.exists() and "tokenfeed_row_buffers_total" in found.read_text()
+
+
+def row_buffers(server: ServerProcess) -> str:
+    """The node's shared row buffers so far by outcome (laid out, mapped from another
+    process, unshared: laid out apart), from the supervisor's /metrics; '' where it has none.
+    A growing `unshared` means the workers lay the same buffers out each for itself."""
+    address = json.loads(server.ready_file.read_text()).get("metrics", "")
+    if not address:
+        return ""
+    time.sleep(1.5)  # the workers send their counters every second
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as got:
+        text = got.read().decode()
+    found = dict(re.findall(r'^tokenfeed_row_buffers_total\{outcome="(\w+)"\} (\S+)$', text, re.M))
+    return ", ".join(
+        f"{k} {float(found.get(k, 0)):.0f}" for k in ("laid_out", "mapped", "unshared")
+    )
 
 
 def serve(
@@ -274,6 +307,13 @@ def measure_server(
                 for case in cases if r % 2 == 0 else cases[::-1]:
                     run_round(case, server, bares, pids, sizes, fresh, result, env, r)
             result.cases += cases
+            counted = row_buffers(server) if n > 1 else ""
+            if counted:
+                print(
+                    f"{label} workers={n} row buffers (warm-up and rounds): {counted}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for case in cases:  # as it goes, on stderr: a run stopped early keeps these
                 print(
                     f"{label} workers={n} consumers={case.consumers} "
@@ -377,10 +417,11 @@ def run(
     work.mkdir(parents=True, exist_ok=True)
     result = WireResult(c, ranks=ranks, warm_up_bytes=warm_up_bytes)
 
-    def configs(cache: Path, tag: str):
+    def configs(cache: Path, tag: str, tree: Path = ROOT):
         def config_of(n: int) -> Path:
             path = work / f"{tag}-workers-{n}.yaml"
-            write_config(path, c.root, c.tokenizer, cache, n, ranks)
+            counted = n > 1 and shares_rows(tree)
+            write_config(path, c.root, c.tokenizer, cache, n, ranks, counted)
             return path
 
         return config_of
@@ -390,7 +431,7 @@ def run(
     if before:
         tree, env = before_tree(work, before)
         shutil.rmtree(work / "before-cache", ignore_errors=True)
-        config_of = configs(work / "before-cache", "before")
+        config_of = configs(work / "before-cache", "before", tree)
         measure_server(work, f"before {before}", config_of, workers, sizes, result, env, tree)
     spe = result.steps_per_epoch[job_name(*SHAPES[0])]
     result.tokens_per_epoch = spe * SHAPES[0][0] * SHAPES[0][1]

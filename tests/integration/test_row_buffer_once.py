@@ -243,3 +243,48 @@ def test_workers_that_read_apart_leave_the_arena_a_segment_to_share(tmp_path, co
     assert second.assembler.rows.shared.mapped == mapped + len(got)  # none laid out again
     for a, b in zip(got, laid[-len(got) :], strict=True):
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.starts, b.starts)
+
+
+def test_an_idle_worker_lets_go_of_the_segments_the_ring_writes_next(tmp_path, corpus):
+    """A worker that read the arena's oldest buffers and then went idle holds the segments
+    the ring writes next; once a second (`let_go(every=True)`, run by every serving process)
+    it lets go of what it holds there, and the supervisor renews the oldest segment, not the
+    next one nobody holds (which would write over buffers laid out ahead and not yet read)."""
+    from tokenfeed.server.pack.sharedrows import ARENA, DATA_START, ENTRY, SEGMENTS, SharedRows
+
+    writer, idle = (_job(tmp_path / f"cache-{k}", corpus) for k in range(2))
+    spe = writer.steps_per_epoch
+
+    def keys(epoch: int) -> list:
+        plan = writer.plan_steps(list(range(epoch * spe, (epoch + 1) * spe)), 0, 1)
+        return sorted(k for k in plan.buffers if k[1] == epoch)
+
+    epoch_bytes = sum(writer.assembler.row_buffer(*k).nbytes for k in keys(0))
+    segment = -(-epoch_bytes * 9 // 16 // DATA_START) * DATA_START  # 4.5 epochs a ring
+    arena = tmp_path / "shm"
+    for job in (writer, idle):
+        rows = job.assembler.rows
+        rows.buffers.budget = BIG_CACHE
+        rows.shared, rows._identity = (
+            SharedRows(arena, DATA_START + SEGMENTS * segment),
+            lambda: "fp",
+        )
+    for k in (k for e in range(1, 5) for k in keys(e)):
+        writer.assembler.row_buffer(*k)
+    for k in keys(1) + keys(4)[-3:]:  # the oldest epoch and the newest buffers, then nothing
+        idle.assembler.row_buffer(*k)
+    shared = idle.assembler.rows.shared
+    nxt = shared.next_renewed()
+    assert set(shared._pins.held()) & nxt  # it holds what the ring writes next
+    idle.assembler.let_go(every=True)
+    held = shared._pins.held()
+    assert held and not set(held) & nxt  # the newest it keeps
+    current = ARENA.unpack_from(shared._map, 0)[3]  # the segment being written
+    assert nxt == {(current + i) % SEGMENTS for i in (1, 2, 3)}
+    renewed = []
+    for k in keys(5):
+        writer.assembler.row_buffer(*k)
+        name = writer.assembler.rows._file_name("fp", (k[0], k[1], k[2]))
+        renewed.append(ENTRY.unpack((arena / name).read_bytes())[1])
+    # The ring went on from the current segment to the oldest, the one the reader let go of.
+    assert [g for g in dict.fromkeys(renewed) if g != current][:1] == [(current + 1) % SEGMENTS]

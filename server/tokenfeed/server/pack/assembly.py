@@ -65,6 +65,7 @@ class Assembler:
             self.opened.bestfit_layout,
         )
         self.forget_gone, self.row_buffer = self.opened.forget_gone, self.rows.row_buffer
+        self.let_go = self.rows.let_go
 
     @property
     def buffers(self) -> LRU[tuple[Any, int, int], rowlayout.RowBuffer]:

@@ -67,6 +67,7 @@ class RowBuffers:
         # rank that needs it (the others wait for it), never once per thread that missed it.
         self._making: dict[tuple[Any, int, int], threading.Event] = {}
         self._making_lock = threading.Lock()
+        self._renewed: frozenset[int] = frozenset()  # the ring's next segments, last looked at
 
     def lay_out_all(self, keys: list[tuple[Any, int, int, int]]) -> None:
         for key in keys:
@@ -112,7 +113,7 @@ class RowBuffers:
             with self._making_lock:
                 del self._making[key]
             making.set()
-            self._let_go()
+            self.let_go()
 
     @staticmethod
     def _file_name(identity: str, key: tuple[Any, int, int]) -> str:
@@ -164,27 +165,36 @@ class RowBuffers:
             with self._making_lock:
                 del self._making[name]
             making.set()
-            self._let_go()
+            self.let_go()
         return True
 
-    def _let_go(self) -> None:
-        """In a serving worker, once this process holds more than three quarters of its share
-        of the node's arena in place (`SharedRows.in_place_budget`), let go of the row cache's
-        oldest buffers read in place until it holds half of it: they are of windows already
-        read (rows are read in order), and the segments they hold are the ones the ring writes
-        next; the next buffers read then fit in place (past the share, they are copied out). A
-        buffer let go that is read again is taken from the arena again while it is there, or
-        laid out anew."""
+    def let_go(self, every: bool = False) -> None:
+        """In a serving worker (or its supervisor), let go of row buffers read in place in the
+        node's arena, so that its ring always has a segment to write: those in the segments it
+        writes next (`SharedRows.next_renewed`: its oldest, of windows already read), looked
+        for whenever the ring has moved on and, with `every` (once a second), whatever this
+        process does; and once it holds more than three quarters of its share
+        (`SharedRows.in_place_budget`), its oldest ones until it holds half. A process that
+        holds its old buffers, idle or not, otherwise keeps the writer from their segments,
+        and the node's processes lay out every later buffer each for itself (`unshared`;
+        CHANGELOG). A buffer let go that is read again is taken from the arena again while it
+        is there, or laid out anew."""
         shared = self.shared
-        if shared is None or shared.in_place_bytes() <= shared.in_place_budget * 3 // 4:
+        if shared is None:
             return
-        keep = shared.in_place_budget // 2
+        over = shared.in_place_bytes() > shared.in_place_budget * 3 // 4
+        renewed = shared.next_renewed()
+        if not over and not every and renewed == self._renewed:
+            return
+        self._renewed, keep = renewed, shared.in_place_budget // 2
         for key in self.buffers.keys():  # oldest first
             buf = self.buffers.peek(key)
-            if buf is not None and held_in_place(buf.ids):
+            if buf is None or not held_in_place(buf.ids):
+                continue
+            if shared.segment_of(buf.ids) in renewed:
                 self.buffers.discard(key)
-                if shared.in_place_bytes() <= keep:
-                    return
+            elif over and shared.in_place_bytes() > keep:
+                self.buffers.discard(key)
 
     def _lay_out(
         self, key: int | tuple[int, int], epoch: int, c: int, position: int, here: bool = False

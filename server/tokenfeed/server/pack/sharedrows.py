@@ -17,10 +17,10 @@ no process reads from, whose generation it bumps (the entries of the one before 
 process reading buffers of a segment holds a shared record lock on it (`F_OFD_SETLK`) while any
 array of those buffers lives (a finalizer lets it go), so no segment is rewritten under a
 reader; a writer that finds every other segment read from keeps its buffer (`unshared`). A
-process holds at most a quarter of the arena in place (`in_place_budget`; its row cache lets
-go of its oldest such buffers, `RowBuffers`; past it a buffer is copied out), the workers read
-the same windows, and the supervisor lays out at most half the arena ahead (jobs/layahead.py):
-the ring keeps a segment to write (CHANGELOG).
+process holds at most a quarter of the arena in place (`in_place_budget`; past it a buffer is
+copied out), and lets go of what it holds in the segments the ring writes next, as the ring
+moves and every second, idle or not (`RowBuffers.let_go`); the supervisor lays out at most
+half the arena ahead (jobs/layahead.py): the ring keeps a segment to write (CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which a reader checks when it first takes the buffer; a small entry file under the buffer's name
@@ -62,6 +62,7 @@ from tokenfeed.server.telemetry import metrics
 log = logging.getLogger(__name__)
 
 SEGMENTS = 8
+RENEWED_NEXT = 3  # the segments after the current one that readers let go of (`next_renewed`)
 # The arena's header page: magic, size, segment bytes, current segment, head in it, last stamp;
 # then one generation per segment.
 ARENA = struct.Struct("<8sQQQQQ")
@@ -135,6 +136,17 @@ class SharedRows:
         """The most bytes of buffers a process reads in place (holding their segments; past
         it, a buffer is copied out): a quarter of the arena, as the module's docstring says."""
         return self.budget // 4
+
+    def next_renewed(self) -> frozenset[int]:
+        """The RENEWED_NEXT segments the ring writes after the current one: they hold its
+        oldest buffers, and a process that holds one of them keeps the writer from it."""
+        cur = ARENA.unpack_from(self._map, 0)[3]
+        return frozenset((cur + i) % SEGMENTS for i in range(1, RENEWED_NEXT + 1))
+
+    def segment_of(self, array: np.ndarray) -> int | None:
+        """The segment an array read in place lies in (None: not in this arena)."""
+        at = array.__array_interface__["data"][0] - self._address - DATA_START
+        return at // self.segment_bytes if 0 <= at < SEGMENTS * self.segment_bytes else None
 
     def in_place_bytes(self) -> int:
         """The bytes of buffers this process holds in place now (arrays of them live)."""

@@ -286,6 +286,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         )
         tasks.append(asyncio.create_task(pool.keep_alive()))
         tasks.append(asyncio.create_task(_serving(jobs, stop)))
+        tasks.append(asyncio.create_task(_let_go_of_old_rows(jobs)))
         await stop.wait()
     finally:
         metrics.SERVING.set(0)  # draining
@@ -314,6 +315,15 @@ async def _serving(jobs: dict[str, Job], stop: asyncio.Event) -> None:
 
 
 # ------------------------------------------------------------------------ a worker
+
+
+async def _let_go_of_old_rows(jobs: dict[str, Job]) -> None:
+    """Every FORGET_SECONDS, each job's row buffers held in the node's arena's next segments
+    let go (RowBuffers.let_go), read or not since: an idle process holds none of them."""
+    while True:
+        await asyncio.sleep(FORGET_SECONDS)
+        for job in jobs.values():
+            job.assembler.let_go(every=True)
 
 
 def worker_main(
@@ -383,6 +393,7 @@ async def _worker(
         asyncio.create_task(
             every(FORGET_SECONDS, lambda: [j.assembler.forget_gone() for j in jobs.values()])
         ),
+        asyncio.create_task(_let_go_of_old_rows(jobs)),
         asyncio.create_task(front.serving(stop)),
     ]
     write_ready(ready_file, {"pid": os.getpid(), "address": front.address})
