@@ -138,8 +138,7 @@ class SharedRows:
         return self.budget // 4
 
     def next_renewed(self) -> frozenset[int]:
-        """The RENEWED_NEXT segments the ring writes after the current one: they hold its
-        oldest buffers, and a process that holds one of them keeps the writer from it."""
+        """The RENEWED_NEXT segments the ring writes after the current one (its oldest)."""
         cur = ARENA.unpack_from(self._map, 0)[3]
         return frozenset((cur + i) % SEGMENTS for i in range(1, RENEWED_NEXT + 1))
 

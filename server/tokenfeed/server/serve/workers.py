@@ -318,8 +318,7 @@ async def _serving(jobs: dict[str, Job], stop: asyncio.Event) -> None:
 
 
 async def _let_go_of_old_rows(jobs: dict[str, Job]) -> None:
-    """Every FORGET_SECONDS, each job's row buffers held in the node's arena's next segments
-    let go (RowBuffers.let_go), read or not since: an idle process holds none of them."""
+    """Every FORGET_SECONDS, what each job holds in the arena's next segments let go."""
     while True:
         await asyncio.sleep(FORGET_SECONDS)
         for job in jobs.values():
