@@ -60,7 +60,7 @@ class SlowFront(pb_grpc.TokenFeedServicer):
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-workers"])
 def server(request, tmp_path_factory, corpus):
     """One server with job `main` and a metrics port; with 2 serving workers, the supervisor
-    sums their wait metrics (serve/workers.py WORKER_METRICS)."""
+    sums their wait metrics (serve/workermetrics.py WORKER_METRICS)."""
     tmp = tmp_path_factory.mktemp("waits")
     jobs = {"main": job_spec([corpus / "*"])}
     extra = {"workers": request.param} if request.param > 1 else {}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from support import built_job, job_spec, metric, mixture_job, scrape, workers_server
 from tokenfeed.server.jobs import layahead
-from tokenfeed.server.pack import sharedrows
+from tokenfeed.server.pack import arenaformat, sharedrows
 
 BIG = 1 << 30
 
@@ -141,9 +141,9 @@ def test_a_supervisor_lays_out_at_most_half_the_nodes_arena_ahead(tmp_path, corp
     lay = job.planner.layout(0, 0)
     sizes = [layahead.WindowLayouts(job, BIG)._bytes(0, lay, w) for w in range(2)]
     assert len(_windows(layahead.WindowLayouts(job, BIG).keys_ahead(0))) > 1
-    page = sharedrows.DATA_START
-    segment = ((sizes[0] + 2 * sizes[1]) * 2 - page - 1) // sharedrows.SEGMENTS // page * page
-    arena = sharedrows.SharedRows(tmp_path / "shm", page + sharedrows.SEGMENTS * segment)
+    page = arenaformat.DATA_START
+    segment = ((sizes[0] + 2 * sizes[1]) * 2 - page - 1) // arenaformat.SEGMENTS // page * page
+    arena = sharedrows.SharedRows(tmp_path / "shm", page + arenaformat.SEGMENTS * segment)
     assert arena.budget // 2 < sizes[0] + 2 * sizes[1]  # half of it: not the next window
     job.assembler.rows.shared = arena
     assert layahead.WindowLayouts(job, BIG).keys_ahead(0) == _expected(job, [(0, 0)])
@@ -199,7 +199,7 @@ def test_a_supervisor_lays_out_the_next_window_for_its_workers(tmp_path, corpus)
         with proc.client("main") as c:
             c.get_batch(0)  # the first step: window 0 of epoch 0
         # Window 1's buffers appear although no worker read a row of it.
-        rows = sharedrows.node_dir(tmp_path / "cache")
+        rows = arenaformat.node_dir(tmp_path / "cache")
         want = {f"0-0-0-{int(lay.chunk_order[p])}" for p in range(wc, 2 * wc)}
         deadline = time.monotonic() + 30
         while not want <= {p.name for p in rows.rglob("0-0-0-*")}:

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from support import ServerProcess, job_spec, metric, scrape, workers_server, write_config
 from tokenfeed.client import Client
-from tokenfeed.server.pack import sharedrows
+from tokenfeed.server.pack import arenaformat
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -102,7 +102,7 @@ def test_two_workers_serve_the_bytes_of_one_process(tmp_path, corpus, single):
         # Row buffers are laid out once for both workers: each by one process, into the node's
         # arena, the others read it (pack/sharedrows.py); none laid out twice. The ring did not
         # come round here: every buffer laid out has its entry.
-        rows = sharedrows.node_dir(tmp_path / "cache")
+        rows = arenaformat.node_dir(tmp_path / "cache")
         entries = [p for p in rows.rglob("*") if p.is_file() and p.parent != rows]
         laid_out = metric(samples, "tokenfeed_row_buffers_total", outcome="laid_out")
         assert laid_out == len(entries) > 0

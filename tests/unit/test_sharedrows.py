@@ -14,7 +14,7 @@ import threading
 import time
 
 import numpy as np
-from tokenfeed.server.pack import sharedrows
+from tokenfeed.server.pack import arenaformat, sharedrows
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.pack.sharedrows import SharedRows
 
@@ -52,7 +52,7 @@ def test_one_process_lays_out_the_others_map_the_same_bytes(tmp_path):
 
 
 def _entry(root, name: str) -> tuple[int, ...]:
-    return sharedrows.ENTRY.unpack((root / name).read_bytes())  # magic, seg, gen, offset, ...
+    return arenaformat.ENTRY.unpack((root / name).read_bytes())  # magic, seg, gen, offset, ...
 
 
 def test_a_damaged_buffer_is_laid_out_again(tmp_path):
@@ -60,7 +60,7 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
     rows.get_or_make("x/b", lambda: buffer(5000), I32)
     offset = _entry(tmp_path, "x/b")[3]
     with open(tmp_path / "arena", "r+b") as f:  # one flipped byte of the payload
-        f.seek(offset + sharedrows.SLOT_HEADER + 4 * 1234)
+        f.seek(offset + arenaformat.SLOT_HEADER + 4 * 1234)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
@@ -86,7 +86,7 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
 
 # 8 segments of 11 pages: two buffers of 4000 int32 ids (and 571 starts) each.
 SLOT_BYTES = 20_736
-SMALL = sharedrows.DATA_START + sharedrows.SEGMENTS * 11 * 4096
+SMALL = arenaformat.DATA_START + arenaformat.SEGMENTS * 11 * 4096
 
 
 def _fill(rows: SharedRows, names, seed: int = 0) -> None:
@@ -138,8 +138,8 @@ def test_with_every_other_segment_read_from_a_writer_keeps_its_own_copy(tmp_path
     rows = SharedRows(tmp_path, SMALL)
     seg = rows.segment_bytes
     readers = [
-        _record_holder(tmp_path / "arena", sharedrows.DATA_START + s * seg, seg)
-        for s in range(1, sharedrows.SEGMENTS)
+        _record_holder(tmp_path / "arena", arenaformat.DATA_START + s * seg, seg)
+        for s in range(1, arenaformat.SEGMENTS)
     ]
     try:
         _fill(rows, ["a/0", "a/1"])  # segment 0 has room for two
@@ -271,7 +271,7 @@ def test_the_arena_renews_its_oldest_segments_and_forgets_their_entries(tmp_path
     kept = sorted(int(p.name) for p in (tmp_path / "fp").iterdir() if not p.name.endswith("lock"))
     assert kept[-1] == n - 1 and kept == list(range(kept[0], n))  # the oldest went first
     # Stale entries go once a round (when the first segment is renewed): two rounds' at most.
-    rounds = 2 * sharedrows.SEGMENTS  # buffers a round
+    rounds = 2 * arenaformat.SEGMENTS  # buffers a round
     assert len(kept) <= 2 * rounds
     reader = SharedRows(tmp_path, SMALL)
     for i in reversed(range(n)):  # newest first: a buffer made here is written, over the oldest

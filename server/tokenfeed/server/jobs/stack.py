@@ -28,7 +28,8 @@ from tokenfeed.server.jobs.future import FutureUse
 from tokenfeed.server.jobs.job import Job, JobState, Upstream
 from tokenfeed.server.objstore.blockfiles import BlockFiles
 from tokenfeed.server.objstore.storage import ObjectStorage
-from tokenfeed.server.pack.sharedrows import SharedRows, node_dir, remove
+from tokenfeed.server.pack.arenaformat import node_dir, remove
+from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.store.blobs import CacheBlobs, LocalBlobs, S3Blobs
 from tokenfeed.server.store.sharedstore import SharedStore

@@ -40,13 +40,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import hashlib
 import logging
 import mmap
 import os
-import shutil
-import struct
-import tempfile
 import threading
 import time
 import weakref
@@ -54,44 +50,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import xxhash
+from tokenfeed.server.pack.arenaformat import (
+    ARENA,
+    ARENA_MAGIC,
+    DATA_START,
+    ENTRY,
+    ENTRY_MAGIC,
+    GENERATIONS,
+    SEGMENTS,
+    SLOT,
+    SLOT_HEADER,
+    SLOT_MAGIC,
+    align8,
+    align64,
+    name_digest,
+    slot_digest,
+)
 from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins, range_lock
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
-SEGMENTS = 8
 RENEWED_NEXT = 3  # the segments after the current one that readers let go of (`next_renewed`)
-# The arena's header page: magic, size, segment bytes, current segment, head in it, last stamp;
-# then one generation per segment.
-ARENA = struct.Struct("<8sQQQQQ")
-ARENA_MAGIC = b"TFARENA2"
-GENERATIONS = 64  # where the segments' generations start in the header page
-DATA_START = 4096
-# A slot: magic, stamp, the name's digest, ids, starts, itemsize, xxh3-128 of the payload.
-SLOT = struct.Struct("<8sQ16sQQI4x16s")
-SLOT_MAGIC = b"TFSLOT02"
-SLOT_HEADER = 128  # the payload starts this far into its slot
-ENTRY = struct.Struct("<8sQQQQQ")  # magic, segment, generation, offset, length, stamp
-ENTRY_MAGIC = b"TFROWS03"
 WAIT_SECONDS = 10.0  # the longest a process waits for another's layout before its own
 # A waiter tries the writer's lock after POLL_FIRST seconds, then twice as long up to POLL_MOST.
 POLL_FIRST, POLL_MOST = 50e-6, 1e-3
-
-
-def node_dir(cache_dir: str | Path) -> Path:
-    """The shared row buffers' directory of the server whose cache is `cache_dir`: in shared
-    memory where the node has it, named by the cache directory (one server, one directory)."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    tag = hashlib.blake2b(str(Path(cache_dir).resolve()).encode(), digest_size=8).hexdigest()
-    return base / f"tokenfeed-rows-{tag}"
-
-
-def remove(root: str | Path) -> None:
-    """The directory, its arena and every entry in it."""
-    shutil.rmtree(root, ignore_errors=True)
 
 
 class SharedRows:
@@ -240,11 +224,11 @@ class SharedRows:
                 return None  # rewritten since the entry was written
             head = SLOT.unpack_from(self._map, offset)
             slot_magic, slot_stamp, named, n_ids, n_starts, itemsize, digest = head
-            starts_at = SLOT_HEADER + _align8(n_ids * itemsize)
+            starts_at = SLOT_HEADER + align8(n_ids * itemsize)
             if (
                 slot_magic != SLOT_MAGIC
                 or slot_stamp != stamp
-                or named != _name_digest(name)
+                or named != name_digest(name)
                 or itemsize != dtype.itemsize
                 or starts_at + n_starts * 8 > length
             ):
@@ -255,7 +239,7 @@ class SharedRows:
                 return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
 
             ids, starts = parts(self._view[offset : offset + length])
-            if _digest(ids, starts) != digest:
+            if slot_digest(ids, starts) != digest:
                 log.warning("row buffer %s fails its check: laid out again", name)
                 return None
             if self._pins.in_place + length > self.in_place_budget:  # copied out, not held
@@ -280,8 +264,8 @@ class SharedRows:
         process's own copy still serves."""
         ids = np.ascontiguousarray(buf.ids)
         starts = np.ascontiguousarray(buf.starts, dtype=np.int64)
-        starts_at = SLOT_HEADER + _align8(ids.nbytes)
-        length = _align64(starts_at + starts.nbytes)
+        starts_at = SLOT_HEADER + align8(ids.nbytes)
+        length = align64(starts_at + starts.nbytes)
         if length > self.segment_bytes:
             return False
         with self._alloc:
@@ -298,11 +282,11 @@ class SharedRows:
                 offset,
                 SLOT_MAGIC,
                 stamp,
-                _name_digest(name),
+                name_digest(name),
                 ids.size,
                 starts.size,
                 ids.dtype.itemsize,
-                _digest(ids, starts),
+                slot_digest(ids, starts),
             )
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             with open(tmp, "wb") as f:
@@ -369,26 +353,6 @@ class SharedRows:
             return False
         magic, seg, gen = ENTRY.unpack(raw)[:3]
         return magic == ENTRY_MAGIC and seg < SEGMENTS and int(self._gens[seg]) == gen
-
-
-def _digest(ids: np.ndarray, starts: np.ndarray) -> bytes:
-    """A slot's check: the xxh3-128 of its ids' and its starts' bytes."""
-    digest = xxhash.xxh3_128()
-    digest.update(ids.data.cast("B"))
-    digest.update(starts.data.cast("B"))
-    return digest.digest()
-
-
-def _name_digest(name: str) -> bytes:
-    return hashlib.blake2b(name.encode(), digest_size=16).digest()
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-def _align64(n: int) -> int:
-    return (n + 63) & ~63
 
 
 def _locked(fd: int, deadline: float) -> bool:

@@ -25,22 +25,21 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
-from prometheus_client.metrics_core import Metric
 from tokenfeed.client.memory import keep_freed_memory
 from tokenfeed.server.errors import SupervisorUnavailable
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
-from tokenfeed.server.pack import sharedrows
+from tokenfeed.server.pack import arenaformat
 from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
+from tokenfeed.server.serve.workermetrics import METRICS_SECONDS, WorkerMetrics, snapshot
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.telemetry import logs, metrics
 
@@ -49,18 +48,6 @@ log = logging.getLogger(__name__)
 START_SECONDS = 60.0  # a worker that has not written its ready file by then failed to start
 RESTART_PAUSE_SECONDS = 1.0  # between a worker's death and its replacement
 FORGET_SECONDS = 1.0  # how often a worker drops its mappings of evicted bodies
-METRICS_SECONDS = 1.0  # how often a worker sends its counters to the supervisor
-# What the workers count: summed over workers (and over workers that have exited) on /metrics.
-WORKER_METRICS = (
-    metrics.REQUESTS,
-    metrics.REQUEST_SECONDS,
-    metrics.SERVED_TOKENS,
-    metrics.SERVED_BYTES,
-    metrics.ROW_BUFFERS,
-    metrics.TRAINER_WAIT,
-    metrics.TRAINER_SECONDS,
-    metrics.WAIT_REPORTS,
-)
 
 
 def reserve(listen: str) -> tuple[socket.socket, str]:
@@ -73,71 +60,6 @@ def reserve(listen: str) -> tuple[socket.socket, str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((bare, int(port)))
     return sock, f"{host}:{sock.getsockname()[1]}"
-
-
-# ------------------------------------------------------------------------ metrics
-
-
-def snapshot() -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
-    """This process's worker metrics: (family, help, type, samples)."""
-    return [
-        (f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
-        for m in WORKER_METRICS
-        for f in m.collect()
-    ]
-
-
-class WorkerMetrics:
-    """The workers' latest snapshots, and what exited workers had counted (counters never go
-    back when a worker is replaced). `collect` makes it a registry for generate_latest: the
-    supervisor's own families, with the workers' sums added to its own in the worker metrics."""
-
-    def __init__(self):
-        self.live: dict[int, list] = {}
-        self.retired: dict[tuple[str, str, tuple], float] = {}
-        self._names = {f.name for m in WORKER_METRICS for f in m.collect()}
-
-    def update(self, pid: int, snap: list) -> None:
-        self.live[pid] = snap
-
-    def retire(self, pid: int) -> None:
-        for family, _, _, samples in self.live.pop(pid, []):
-            for name, labels, value in samples:
-                if not name.endswith("_created"):
-                    key = (family, name, tuple(sorted(labels.items())))
-                    self.retired[key] = self.retired.get(key, 0.0) + value
-
-    def collect(self) -> Iterator[Metric]:
-        sums: dict[str, dict[tuple[str, tuple], float]] = {}
-        for key, value in self.retired.items():
-            family, name, labels = key
-            sums.setdefault(family, {})[(name, labels)] = value
-        for snap in list(self.live.values()):
-            for family, _, _, samples in snap:
-                into = sums.setdefault(family, {})
-                for name, labels, value in samples:
-                    k = (name, tuple(sorted(labels.items())))
-                    if name.endswith("_created"):
-                        into[k] = min(into.get(k, value), value)
-                    else:
-                        into[k] = into.get(k, 0.0) + value
-        for metric in metrics.REGISTRY.collect():
-            if metric.name not in self._names:
-                yield metric
-                continue
-            # The supervisor counts some of these itself (the row buffers it lays out ahead
-            # for the workers, jobs/layahead.py): added to the workers' sums.
-            into = sums.setdefault(metric.name, {})
-            for sample in metric.samples:
-                k = (sample.name, tuple(sorted(sample.labels.items())))
-                if sample.name.endswith("_created"):
-                    into[k] = min(into.get(k, sample.value), sample.value)
-                else:
-                    into[k] = into.get(k, 0.0) + sample.value
-            merged = Metric(metric.name, metric.documentation, metric.type)
-            for (name, labels), value in sorted(into.items()):
-                merged.add_sample(name, dict(labels), value)
-            yield merged
 
 
 # ------------------------------------------------------------------------ the supervisor
@@ -260,7 +182,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         else None
     )
     # The workers' shared row buffers: an earlier run's were removed by open_server.
-    rows = sharedrows.node_dir(config.server.cache_dir)
+    rows = arenaformat.node_dir(config.server.cache_dir)
     pool = WorkerPool(config, listen, health_listen, control, counted)
     for i in range(config.server.workers):
         pool.start(i)
@@ -293,7 +215,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         for task in tasks:
             task.cancel()
         await pool.stop()
-        sharedrows.remove(rows)
+        arenaformat.remove(rows)
         for job in jobs.values():
             job.cancel()
         tokenize.shutdown(wait=True, cancel_futures=True)

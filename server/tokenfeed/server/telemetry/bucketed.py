@@ -5,7 +5,7 @@ reported as counts per bucket with their exact sum; prometheus_client's Histogra
 value per `observe`, which would mean re-observing a stand-in value per wait and a wrong
 `_sum`. This collector adds the reported counts and sums as they are, per label value, and
 exports them as an ordinary histogram family (`_bucket`, `_count`, `_sum`), so dashboards,
-rules and the supervisor's sum over workers (serve/workers.py) treat it like any other.
+rules and the supervisor's sum over workers (serve/workermetrics.py) treat it like any other.
 """
 
 from __future__ import annotations
