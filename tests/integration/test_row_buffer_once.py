@@ -201,32 +201,39 @@ def test_a_nodes_processes_start_at_their_own_place_and_map_each_others_buffers(
         assert np.array_equal(c.tokens, c2.tokens) and np.array_equal(c.starts, c2.starts)
 
 
+def _node(tmp_path, corpus, processes: int):
+    """`processes` jobs of one node (the first the supervisor) sharing one arena of about
+    four and a half epochs' row buffers (a quarter of it holds about one), each row cache
+    keeping whatever it reads; and the row-buffer keys of an epoch's steps."""
+    from tokenfeed.server.pack.arenaformat import DATA_START, SEGMENTS
+    from tokenfeed.server.pack.sharedrows import SharedRows
+
+    jobs = [_job(tmp_path / f"cache-{k}", corpus) for k in range(processes)]
+    spe = jobs[0].steps_per_epoch
+
+    def keys(epoch: int) -> list:
+        plan = jobs[0].plan_steps(list(range(epoch * spe, (epoch + 1) * spe)), 0, 1)
+        return sorted(k for k in plan.buffers if k[1] == epoch)
+
+    epoch_bytes = sum(jobs[0].assembler.row_buffer(*k).nbytes for k in keys(0))
+    segment = -(-epoch_bytes * 9 // 16 // DATA_START) * DATA_START
+    for job in jobs:
+        rows = job.assembler.rows
+        rows.buffers.budget = BIG_CACHE  # keeps whatever it reads
+        rows.shared, rows._identity = (
+            SharedRows(tmp_path / "shm", DATA_START + SEGMENTS * segment),
+            lambda: "fp",
+        )
+    return jobs, keys
+
+
 def test_workers_that_read_apart_leave_the_arena_a_segment_to_share(tmp_path, corpus):
     """Two serving workers whose row caches could keep every buffer they read (a budget as
     large as the arena) hold at most a quarter of the node's arena in place each, their
     newest: the supervisor still writes each buffer it lays out into the arena, and a worker
     maps it. With each holding its oldest views (up to half the arena each), the two held
     every segment and every later buffer was laid out by each process apart (`unshared`)."""
-    from tokenfeed.server.pack.sharedrows import DATA_START, SEGMENTS, SharedRows
-
-    writer, first, second = (_job(tmp_path / f"cache-{k}", corpus) for k in range(3))
-    spe = writer.steps_per_epoch
-
-    def keys(epoch: int) -> list:
-        plan = writer.plan_steps(list(range(epoch * spe, (epoch + 1) * spe)), 0, 1)
-        return sorted(k for k in plan.buffers if k[1] == epoch)
-
-    epoch_bytes = sum(writer.assembler.row_buffer(*k).nbytes for k in keys(0))
-    # A ring of four and a half epochs' buffers: a quarter of it holds about one.
-    segment = -(-epoch_bytes * 9 // 16 // DATA_START) * DATA_START
-    arena = tmp_path / "shm"
-    for job in (writer, first, second):
-        rows = job.assembler.rows
-        rows.buffers.budget = BIG_CACHE  # keeps whatever it reads
-        rows.shared, rows._identity = (
-            SharedRows(arena, DATA_START + SEGMENTS * segment),
-            lambda: "fp",
-        )
+    (writer, first, second), keys = _node(tmp_path, corpus, 3)
     shared = writer.assembler.rows.shared
     laid = [writer.assembler.row_buffer(*k) for e in range(1, 5) for k in keys(e)]
     assert shared.made == len(laid)  # the ring holds four epochs
@@ -250,25 +257,10 @@ def test_an_idle_worker_lets_go_of_the_segments_the_ring_writes_next(tmp_path, c
     the ring writes next; once a second (`let_go(every=True)`, run by every serving process)
     it lets go of what it holds there, and the supervisor renews the oldest segment, not the
     next one nobody holds (which would write over buffers laid out ahead and not yet read)."""
-    from tokenfeed.server.pack.sharedrows import ARENA, DATA_START, ENTRY, SEGMENTS, SharedRows
+    from tokenfeed.server.pack.arenaformat import ARENA, ENTRY, SEGMENTS
 
-    writer, idle = (_job(tmp_path / f"cache-{k}", corpus) for k in range(2))
-    spe = writer.steps_per_epoch
-
-    def keys(epoch: int) -> list:
-        plan = writer.plan_steps(list(range(epoch * spe, (epoch + 1) * spe)), 0, 1)
-        return sorted(k for k in plan.buffers if k[1] == epoch)
-
-    epoch_bytes = sum(writer.assembler.row_buffer(*k).nbytes for k in keys(0))
-    segment = -(-epoch_bytes * 9 // 16 // DATA_START) * DATA_START  # 4.5 epochs a ring
+    (writer, idle), keys = _node(tmp_path, corpus, 2)
     arena = tmp_path / "shm"
-    for job in (writer, idle):
-        rows = job.assembler.rows
-        rows.buffers.budget = BIG_CACHE
-        rows.shared, rows._identity = (
-            SharedRows(arena, DATA_START + SEGMENTS * segment),
-            lambda: "fp",
-        )
     for k in (k for e in range(1, 5) for k in keys(e)):
         writer.assembler.row_buffer(*k)
     for k in keys(1) + keys(4)[-3:]:  # the oldest epoch and the newest buffers, then nothing
