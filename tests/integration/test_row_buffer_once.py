@@ -280,3 +280,26 @@ def test_an_idle_worker_lets_go_of_the_segments_the_ring_writes_next(tmp_path, c
         renewed.append(ENTRY.unpack((arena / name).read_bytes())[1])
     # The ring went on from the current segment to the oldest, the one the reader let go of.
     assert [g for g in dict.fromkeys(renewed) if g != current][:1] == [(current + 1) % SEGMENTS]
+
+
+def test_a_worker_takes_a_buffer_laid_out_by_another_without_its_chunks(
+    tmp_path, corpus, monkeypatch
+):
+    """On the event loop (`lay_out_here`) a worker takes a buffer another process laid out
+    in the arena straight away: it needs neither its chunk nor its tail's chunks mapped, and
+    works out no tail. Every worker takes every buffer its ranks read, so this is what a
+    buffer costs each of a node's other workers (before, a worker whose chunks were not open
+    handed each such buffer to a thread, which opened and verified its chunks first)."""
+    (writer, worker), keys = _node(tmp_path, corpus, 2)
+    epoch = keys(1)
+    laid = [writer.assembler.row_buffer(*k) for k in epoch]
+    rows = worker.assembler.rows
+    assert not any(rows.opened.mapped(k[0], k[2]) for k in epoch)  # nothing open here
+    touched: list = []
+    monkeypatch.setattr(rows.opened, "verified", lambda *a, **kw: touched.append(a))
+    monkeypatch.setattr(rows, "_tail", lambda *a: touched.append(a))
+    for k, want in zip(epoch, laid, strict=True):
+        assert rows.lay_out_here(*k)
+        got = rows.buffers.peek((k[0], k[1], k[2]))  # in its row cache now, the same bytes
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.starts, want.starts)
+    assert touched == [] and rows.shared.mapped == len(epoch) and rows.shared.made == 0

@@ -84,6 +84,28 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
     assert calls == [1, 1, 1]
 
 
+def test_a_buffer_is_hashed_by_the_nodes_first_reader_only(tmp_path, monkeypatch):
+    # Every worker takes every buffer its ranks read: one check a node, not one a worker.
+    writer = SharedRows(tmp_path, 1 << 30)
+    writer.get_or_make("x/b", lambda: buffer(5000), I32)
+    hashed, real = [], sharedrows.slot_digest
+    monkeypatch.setattr(sharedrows, "slot_digest", lambda i, s: hashed.append(1) or real(i, s))
+
+    def never() -> RowBuffer:
+        raise AssertionError("laid out again")
+
+    readers = [SharedRows(tmp_path, 1 << 30) for _ in range(3)]
+    assert all(equal(r.get_or_make("x/b", never, I32), buffer(5000)) for r in readers)
+    assert hashed == [1]
+    # The mark is the slot's stamp: the same name written again (a new slot) is checked again.
+    os.unlink(tmp_path / "x" / "b")
+    hashed.clear()
+    writer.get_or_make("x/b", lambda: buffer(5000), I32)
+    assert hashed == [1]  # the writer's digest of what it writes
+    assert all(equal(r.get_or_make("x/b", never, I32), buffer(5000)) for r in readers)
+    assert hashed == [1, 1]
+
+
 # 8 segments of 11 pages: two buffers of 4000 int32 ids (and 571 starts) each.
 SLOT_BYTES = 20_736
 SMALL = arenaformat.DATA_START + arenaformat.SEGMENTS * 11 * 4096

@@ -1,6 +1,7 @@
 """The layout of a node's row-buffer arena (pack/sharedrows.py): where it lives, its header
 page (size, segments, the ring's current segment and head, a generation per segment), a slot
-(its header and payload, checked by xxh3-128) and a buffer's entry file; one place for the
+(its header and payload, checked by xxh3-128, and whether a reader has checked it) and a
+buffer's entry file; one place for the
 formats that the arena's writers and readers, and its tests, share."""
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ GENERATIONS = 64  # where the segments' generations start in the header page
 DATA_START = 4096
 # A slot: magic, stamp, the name's digest, ids, starts, itemsize, xxh3-128 of the payload.
 SLOT = struct.Struct("<8sQ16sQQI4x16s")
-SLOT_MAGIC = b"TFSLOT02"
+SLOT_MAGIC = b"TFSLOT03"
+# After it in the slot's header: the stamp again once a reader has checked the payload against
+# its xxh3-128, which the node's later readers then need not hash again (0 until then).
+CHECKED = struct.Struct("<Q")
+CHECKED_AT = SLOT.size
 SLOT_HEADER = 128  # the payload starts this far into its slot
 ENTRY = struct.Struct("<8sQQQQQ")  # magic, segment, generation, offset, length, stamp
 ENTRY_MAGIC = b"TFROWS03"

@@ -134,6 +134,11 @@ class RowBuffers:
         name = (key, epoch, c)
         if self.buffers.contains(name):
             return True
+        shared = self.shared
+        identity = self._identity() if shared is not None else ""
+        file = self._file_name(identity, name) if identity else ""
+        if file and self._map_here(name, file):
+            return True
         if not self.opened.mapped(d, c):
             return False
         tail = self._tail(d, epoch, position, _segment(key))
@@ -147,9 +152,8 @@ class RowBuffers:
         make: Callable[[], rowlayout.RowBuffer] = partial(
             self._lay_out, key, epoch, c, position, True
         )
-        shared = self.shared
-        if shared is not None and (identity := self._identity()):
-            laid_out, file = make, self._file_name(identity, name)
+        if shared is not None and file:
+            laid_out = make
 
             def make() -> rowlayout.RowBuffer:
                 found = shared.get_or_make_now(file, laid_out, self._wire_dtype())
@@ -167,6 +171,29 @@ class RowBuffers:
             making.set()
             self.let_go()
         return True
+
+    def _map_here(self, name: tuple[Any, int, int], file: str) -> bool:
+        """Take row buffer `name` from the node's arena when another process has laid it out
+        there (no chunk of it need be mapped here, no tail worked out): whether it was. Every
+        worker takes every buffer its ranks read, so this is what a buffer costs each of the
+        others: an entry read, a lock and the check of its slot (bench/, wire section)."""
+        shared = self.shared
+        assert shared is not None
+        with self._making_lock:
+            if name in self._making:  # a thread is making (or taking) it
+                return False
+            making = self._making[name] = threading.Event()
+        try:
+            found = shared.read(file, self._wire_dtype())
+            if found is not None:
+                self.buffers.get_or_make(name, lambda: found)
+        finally:
+            with self._making_lock:
+                del self._making[name]
+            making.set()
+        if found is not None:
+            self.let_go()
+        return found is not None
 
     def let_go(self, every: bool = False) -> None:
         """In a serving worker (or its supervisor), let go of row buffers read in place in the

@@ -23,11 +23,14 @@ moves and every second, idle or not (`RowBuffers.let_go`); the supervisor lays o
 half the arena ahead (jobs/layahead.py): the ring keeps a segment to write (CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
-which a reader checks when it first takes the buffer; a small entry file under the buffer's name
-says where its slot is. A stale entry, or a slot that fails its check, is removed and the buffer
-laid out again. A buffer's bytes are decided by its name: the plan's fingerprint at its version
-(which covers the job's fixed parts, its phases and its datasets' content), the dataset and
-segment, the epoch and the chunk, so any process would write the same bytes.
+which the node's first reader checks and marks checked in the slot; the node's later readers
+trust the mark (a slot is not written again until its segment is renewed, under a new stamp), so
+a buffer is hashed once per node, not once per worker (every worker takes every buffer its
+ranks read). A small entry file under the buffer's name says where its slot is. A stale entry,
+or a slot that fails its check, is removed and the buffer laid out again. A buffer's bytes are
+decided by its name: the plan's fingerprint at its version (which covers the job's fixed parts,
+its phases and its datasets' content), the dataset and segment, the epoch and the chunk, so any
+process would write the same bytes.
 
 One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
 the buffer's lock file, which the kernel lets go when the process ends however it ends; a
@@ -53,6 +56,8 @@ import numpy as np
 from tokenfeed.server.pack.arenaformat import (
     ARENA,
     ARENA_MAGIC,
+    CHECKED,
+    CHECKED_AT,
     DATA_START,
     ENTRY,
     ENTRY_MAGIC,
@@ -85,6 +90,7 @@ class SharedRows:
     def __init__(self, root: str | Path, budget: int):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root = str(self.root)
         self.made = 0  # buffers this process laid out and wrote
         self.mapped = 0  # buffers this process took from another's layout
         # Where this process starts in a plan's list of missing buffers (assembly.open_chunks):
@@ -152,11 +158,15 @@ class SharedRows:
         laying the buffer out."""
         return self._get_or_make(name, make, dtype, wait=False)
 
+    def read(self, name: str, dtype: np.dtype) -> RowBuffer | None:
+        """The buffer `name` where the arena holds it (never waits, never lays out)."""
+        return self._read(os.path.join(self._root, name), name, dtype)
+
     def _get_or_make(
         self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, wait: bool
     ) -> RowBuffer | None:
         path = self.root / name
-        found = self._read(path, name, dtype)
+        found = self._read(str(path), name, dtype)
         if found is not None:
             return found
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +179,7 @@ class SharedRows:
                 # A writer slower than WAIT_SECONDS: lay it out here, write nothing.
                 metrics.ROW_BUFFERS.labels("unshared").inc()
                 return make()
-            found = self._read(path, name, dtype)  # written by the lock's holder before us
+            found = self._read(str(path), name, dtype)  # written by the lock's holder first
             if found is not None:
                 return found
             buf = make()
@@ -186,13 +196,16 @@ class SharedRows:
 
     # ---------------------------------------------------------------- reading
 
-    def _read(self, path: Path, name: str, dtype: np.dtype) -> RowBuffer | None:
+    def _read(self, path: str, name: str, dtype: np.dtype) -> RowBuffer | None:
         """The buffer of the entry at `path`, in place in the arena (read-only arrays that hold
         its segment while they live); None where there is no entry, or where its segment was
         rewritten since or its slot fails the check (the entry is removed)."""
         try:
-            with open(path, "rb") as f:
-                raw = f.read(ENTRY.size + 1)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                raw = os.read(fd, ENTRY.size + 1)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -239,9 +252,11 @@ class SharedRows:
                 return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
 
             ids, starts = parts(self._view[offset : offset + length])
-            if slot_digest(ids, starts) != digest:
-                log.warning("row buffer %s fails its check: laid out again", name)
-                return None
+            if CHECKED.unpack_from(self._map, offset + CHECKED_AT)[0] != stamp:
+                if slot_digest(ids, starts) != digest:
+                    log.warning("row buffer %s fails its check: laid out again", name)
+                    return None
+                CHECKED.pack_into(self._map, offset + CHECKED_AT, stamp)
             if self._pins.in_place + length > self.in_place_budget:  # copied out, not held
                 ids, starts = ids.copy(), starts.copy()
                 ids.flags.writeable = starts.flags.writeable = False
@@ -288,6 +303,7 @@ class SharedRows:
                 ids.dtype.itemsize,
                 slot_digest(ids, starts),
             )
+            CHECKED.pack_into(self._map, offset + CHECKED_AT, 0)  # no reader has checked it
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             with open(tmp, "wb") as f:
                 f.write(ENTRY.pack(ENTRY_MAGIC, seg, gen, offset, length, stamp))
@@ -370,7 +386,7 @@ def _locked(fd: int, deadline: float) -> bool:
         pause = min(pause * 2, POLL_MOST)
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str | Path) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
