@@ -13,7 +13,8 @@
 # WORKERS (1,2,4,8,16), RANKS (16), TOKENS (128000000 a measured stream), WARM_MB (640 MiB of
 # tokens each job streams before the rounds: bench/wire.py) and MB (31) change the
 # sizes, e.g. to try the script on a small machine first; SERVE_S (300) and BUILD_S (150) its
-# steps' time limits; PY skips `make env` (see below).
+# steps' time limits; TABLES (serving,tokenization) the tables it runs; PY skips `make env`
+# (see below).
 # Writes to $OUT: machine.txt (cores, CPU, load before and after, Python), serving.txt,
 # tokenization.txt, and each step's log (make-env.log, *.err). A step that runs out of its time
 # is stopped and its file says so; the others still run.
@@ -55,10 +56,12 @@ echo "python used: $("$PY" --version 2>&1)" >>"$OUT/machine.txt"
 
 # 128 M tokens a measured stream: 16 consumers read 8 M tokens each (about 490 steps), a second
 # or more on 16 cores, so a stream's first batches (its pipeline filling) weigh little.
-step serving "${SERVE_S:-300}" "$PY" -m bench.wire --quick --workers "${WORKERS:-1,2,4,8,16}" \
+case ",${TABLES:-serving,tokenization}," in *,serving,*) ;; *) SKIP_SERVING=1 ;; esac
+case ",${TABLES:-serving,tokenization}," in *,tokenization,*) ;; *) SKIP_BUILD=1 ;; esac
+[ -n "${SKIP_SERVING:-}" ] || step serving "${SERVE_S:-300}" "$PY" -m bench.wire --quick --workers "${WORKERS:-1,2,4,8,16}" \
     --ranks "${RANKS:-16}" --tokens "${TOKENS:-128000000}" --warm-up-mb "${WARM_MB:-640}"
 # The 31 MB corpus, 2 rounds, no Ray cluster.
-step tokenization "${BUILD_S:-150}" "$PY" -m bench.tokenization --quick --no-ray --mb "${MB:-31}" --rounds 2
+[ -n "${SKIP_BUILD:-}" ] || step tokenization "${BUILD_S:-150}" "$PY" -m bench.tokenization --quick --no-ray --mb "${MB:-31}" --rounds 2
 
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
 echo "total: $(($(date +%s) - began))s" >>"$OUT/machine.txt"
