@@ -76,7 +76,17 @@ def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple
     tokens = sum(r["tokens"] for r in out)
     span = max(r["ended"] for r in out) - min(r["began"] for r in out)
     mine = sum(r.get("cpu", 0.0) for r in out)  # the consumers' own CPU seconds
-    return {"tokens": tokens, "seconds": span, "rate": tokens / span, "cpu": mine}, cpu
+    got = {"tokens": tokens, "seconds": span, "rate": tokens / span, "cpu": mine}
+    return {**got, "by_process": spent}, cpu
+
+
+def busiest(serving: list[float]) -> float | None:
+    """The busiest serving process's CPU over their mean (1.00: the streams spread evenly;
+    the kernel spreads connections over SO_REUSEPORT sockets by a hash of their addresses, not
+    by load), from the serving processes' CPU seconds; None for fewer than two."""
+    if len(serving) < 2 or sum(serving) <= 0:
+        return None
+    return max(serving) / (sum(serving) / len(serving))
 
 
 def consume_argv(

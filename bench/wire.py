@@ -53,7 +53,7 @@ from tokenfeed.v1 import tokenfeed_pb2 as pb
 from bench import corpus as corpusmod
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
-from bench.streams import consume_argv, loadavg, pids_of, read_argv, together
+from bench.streams import busiest, consume_argv, loadavg, pids_of, read_argv, together
 from bench.wiretable import table
 
 SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's two shapes
@@ -101,6 +101,8 @@ class Case:
     bare_cpu: list[float] = field(default_factory=list)
     reader_cpu: list[float] = field(default_factory=list)  # consumers' CPU s per M tokens
     bare_reader_cpu: list[float] = field(default_factory=list)
+    busiest: list[float] = field(default_factory=list)  # streams.busiest, per round
+    bare_busiest: list[float] = field(default_factory=list)
 
     @property
     def job(self) -> str:
@@ -372,6 +374,8 @@ def run_round(
             case.bare.append(got["rate"])
             case.bare_cpu.append(cpu / (got["tokens"] / 1e6))
             case.bare_reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
+            if (spread := busiest(got["by_process"])) is not None:  # each process serves
+                case.bare_busiest.append(spread)
             continue
         if case.reads == "warm":
             wrap = result.steps_per_epoch[case.job]
@@ -386,6 +390,8 @@ def run_round(
         case.tokenfeed.append(got["rate"])
         case.cpu.append(cpu / (got["tokens"] / 1e6))
         case.reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
+        if (spread := busiest(got["by_process"][1:])) is not None:  # after the supervisor
+            case.busiest.append(spread)
 
 
 def before_tree(work: Path, rev: str) -> tuple[Path, dict]:

@@ -101,7 +101,7 @@ def scaling(r: WireResult) -> str:
         ranks = {c.workers: c for c in r.cases if c.server == server and c.consumers > 1}
         if len(ranks) < 2 or 1 not in ranks:
             continue
-        one = median(ranks[1].tokenfeed)
+        one, bare_one = median(ranks[1].tokenfeed), median(ranks[1].bare)
         rows = []
         for n, case in sorted(ranks.items()):
             linear = median(case.tokenfeed) / (n * one)
@@ -117,6 +117,9 @@ def scaling(r: WireResult) -> str:
                     f"{case.ratio():.2f}",
                     f"{median(case.tokenfeed) / one:.2f}",
                     f"{linear:.2f}",
+                    f"{median(case.bare) / bare_one:.2f}",
+                    f"{median(case.busiest):.2f}" if case.busiest else "",
+                    f"{median(case.bare_busiest):.2f}" if case.bare_busiest else "",
                     goal,
                 ]
             )
@@ -131,9 +134,16 @@ def scaling(r: WireResult) -> str:
                     "ratio",
                     "vs 1 worker",
                     "of linear",
+                    "bare vs 1",
+                    "busiest",
+                    "bare busiest",
                     "target",
                 ],
                 rows,
             )
+            + "\nbare vs 1: the bare transport's own aggregate against one serving process; "
+            "busiest: the busiest serving process's CPU over their mean (1.00: the streams "
+            "spread evenly; the kernel spreads connections over SO_REUSEPORT sockets by a hash "
+            "of their addresses, not by load), tokenfeed's workers and the bare servers"
         )
     return "".join(f"\n\n{t}" for t in out)
