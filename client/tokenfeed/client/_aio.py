@@ -17,12 +17,13 @@ from typing import Any
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._base import ClientBase
-from tokenfeed.client._client import _to_dict
+from tokenfeed.client._client import RETIRE_SECONDS, _to_dict
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import FIRST_SEGMENT, WARM_STEPS, next_segment
 from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded
+from tokenfeed.client.moves import MOVES_MOST, asked_to_move, with_moves
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -37,6 +38,7 @@ class AsyncClient(ClientBase):
 
     def _open(self) -> None:
         self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.TokenFeedStub]] = {}
+        self._retired: list[tuple[float, grpc.aio.Channel]] = []  # replaced by `reconnect`
         self._warm: dict[tuple[str, int, int], _Stream] = {}
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub:
@@ -46,12 +48,27 @@ class AsyncClient(ClientBase):
             self._stubs[addr] = (channel, batch_stub(channel))
         return self._stubs[addr][1]
 
+    async def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None:
+        """A new channel to `addr` where `stub` is still its stub (as `Client.reconnect`):
+        the old one is closed RETIRE_SECONDS later, or with the client."""
+        found = self._stubs.get(addr)
+        if found is None or found[1] is not stub:
+            return
+        channel = self.credentials.aio_channel(addr, channel_options(self.session.policy))
+        self._stubs[addr] = (channel, batch_stub(channel))
+        now = time.monotonic()
+        self._retired.append((now, found[0]))
+        old = [c for t, c in self._retired if now - t > RETIRE_SECONDS]
+        self._retired = [(t, c) for t, c in self._retired if now - t <= RETIRE_SECONDS]
+        await asyncio.gather(*(c.close() for c in old))
+
     async def close(self) -> None:
         for stream in self._warm.values():
             stream.close()
         self._warm.clear()
-        channels = [c for c, _ in self._stubs.values()]
+        channels = [c for c, _ in self._stubs.values()] + [c for _, c in self._retired]
         self._stubs.clear()
+        self._retired.clear()
         await asyncio.gather(*(c.close() for c in channels))
 
     async def __aenter__(self) -> AsyncClient:
@@ -322,14 +339,23 @@ class _Stream:
             attempts = Attempts(
                 self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
             )
+            moves = 0  # since the last batch: a crowded serving worker's refusals (moves.py)
             for action in attempts:
                 if isinstance(action, float):
                     await asyncio.sleep(action)
                     continue
                 before = self._fetched
+                stub = self.client.stub(action.addr)
                 try:
-                    await self._read(action)
+                    await self._read(action, stub, moves)
                 except grpc.RpcError as e:
+                    if self._fetched > before:
+                        moves = 0
+                    elif moves < MOVES_MOST and asked_to_move(e):
+                        moves += 1
+                        await self.client.reconnect(action.addr, stub)
+                        attempts.moved(action)
+                        continue
                     attempts.failed(action, e, stream=True, progressed=self._fetched > before)
                     continue
                 except TimeoutError:  # silent past the limit: taken for hung (see _prefetch)
@@ -339,6 +365,7 @@ class _Stream:
                     if self._fetched > before:
                         attempts.delivered()
                     continue
+                moves = 0
                 if self._done():
                     await self._queue.put(_END)
                     return
@@ -349,13 +376,13 @@ class _Stream:
         except BaseException as e:  # handed to the consumer, raised there
             await self._queue.put(e)
 
-    async def _read(self, action: Try) -> None:
+    async def _read(self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int) -> None:
         end = self._fetched + self._segment
         if self.end is not None:
             end = min(end, self.end)
-        call = self.client.stub(action.addr).StreamBatches(
+        call = stub.StreamBatches(
             self.session.stream_request(self.job, self._fetched, end, self.rank, self.world),
-            metadata=action.metadata,
+            metadata=with_moves(action.metadata, moves),
         )
         first, started = self._fetched, time.monotonic()
         try:

@@ -110,6 +110,13 @@ class Attempts:
         if progressed:
             self.delivered()
 
+    def moved(self, attempt: Try) -> None:
+        """A crowded serving worker sent `attempt` elsewhere (moves.py): the client has
+        opened a new connection, and the next attempt asks the same server again at once, with
+        no pause and nothing counted against it."""
+        self._unreported(attempt)
+        self._renewed = True
+
     def give_up_on(self, addr: str, err: TokenfeedClientError) -> None:
         """`addr` is taken for failed (e.g. a stream silent past the limit)."""
         self.last = err

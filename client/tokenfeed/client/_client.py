@@ -29,6 +29,10 @@ from tokenfeed.client.batch import Batch
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
+# A channel replaced by `reconnect` (a stream moved to another serving worker) is closed this
+# long after: the calls that were on it have ended by then (a stream's segments last seconds).
+RETIRE_SECONDS = 120.0
+
 
 class Client(ClientBase):
     """`Client("host:port" | "h1:p,h2:p" | "dns:///name:port", job="name", **typed options)`
@@ -36,6 +40,7 @@ class Client(ClientBase):
 
     def _open(self) -> None:
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.TokenFeedStub]] = {}
+        self._retired: list[tuple[float, grpc.Channel]] = []  # replaced by `reconnect`
         self._streams: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
         self._warm: dict[tuple[str, int, int], Warmed] = {}
         self._closed = False
@@ -56,6 +61,22 @@ class Client(ClientBase):
                 self._stubs[addr] = (channel, batch_stub(channel))
             return self._stubs[addr][1]
 
+    def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None:
+        """A new channel to `addr` for the calls that follow, where `stub` is still its stub
+        (another thread may have reconnected first): a crowded serving worker asked a stream
+        to move (moves.py), and only a new connection reaches another worker. The old channel
+        is closed once RETIRE_SECONDS have passed, or with the client: calls on it go on."""
+        with self._lock:
+            found = self._stubs.get(addr)
+            if self._closed or found is None or found[1] is not stub:
+                return
+            channel = self.credentials.channel(addr, self._channel_options)
+            self._stubs[addr] = (channel, batch_stub(channel))
+            now = time.monotonic()
+            self._retired.append((now, found[0]))
+            while self._retired and now - self._retired[0][0] > RETIRE_SECONDS:
+                self._retired.pop(0)[1].close()
+
     def close(self) -> None:
         """Stop every open `iter_batches` stream and warm start, and close the channels."""
         with self._lock:
@@ -67,7 +88,10 @@ class Client(ClientBase):
         with self._lock:
             for channel, _ in self._stubs.values():
                 channel.close()
+            for _, channel in self._retired:
+                channel.close()
             self._stubs.clear()
+            self._retired.clear()
 
     def __enter__(self) -> Client:
         return self

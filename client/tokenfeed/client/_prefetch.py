@@ -25,18 +25,22 @@ from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
+from tokenfeed.client.moves import MOVES_MOST, asked_to_move, with_moves
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
 
 class StreamSource(Protocol):
     """What a prefetcher needs of its client (_client.Client): its session, credentials,
-    stubs and how long a stream segment runs."""
+    stubs (and a new connection where a serving worker asks a stream to move) and how long a
+    stream segment runs."""
 
     session: Session
     credentials: Credentials
     report_seconds: float
 
     def stub(self, addr: str) -> pb_grpc.TokenFeedStub: ...
+
+    def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None: ...
 
 
 _END = object()
@@ -184,32 +188,40 @@ class Prefetcher:
         attempts = Attempts(
             self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
         )
+        moves = 0  # since the last batch: a crowded serving worker's refusals (moves.py)
         for action in attempts:
             if isinstance(action, float):
                 if self._stop.wait(action):
                     return False
                 continue
             before = self.step
+            stub = self.client.stub(action.addr)
             try:
-                yield from self._stream(action)
+                yield from self._stream(action, stub, moves)
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return False
+                if self.step > before:
+                    moves = 0
+                elif moves < MOVES_MOST and asked_to_move(e):
+                    moves += 1
+                    self.client.reconnect(action.addr, stub)
+                    attempts.moved(action)
+                    continue
                 attempts.failed(action, e, stream=True, progressed=self.step > before)
                 continue
+            moves = 0
             if self._done():
                 return not self._stop.is_set()
             attempts.delivered()  # a segment ended: the next one, from the top of the ranking
         raise attempts.error()
 
-    def _stream(self, action: Try) -> Iterator[Batch]:
+    def _stream(self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int) -> Iterator[Batch]:
         end = self.step + self._segment
         if self.end is not None:
             end = min(end, self.end)
         request = self.session.stream_request(self.job, self.step, end, self.rank, self.world)
-        call = self._call = self.client.stub(action.addr).StreamBatches(
-            request, metadata=action.metadata
-        )
+        call = self._call = stub.StreamBatches(request, metadata=with_moves(action.metadata, moves))
         self._watchdog.watch(call)
         first, started = self.step, time.monotonic()
         try:

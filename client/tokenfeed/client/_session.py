@@ -37,6 +37,10 @@ from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 1 << 30),
     ("grpc.max_send_message_length", 1 << 30),
+    # A channel's own connections (not shared through the process's subchannel pool): a
+    # client asked to move its stream to another serving worker opens a new channel, and
+    # only a new connection reaches another worker (moves.py).
+    ("grpc.use_local_subchannel_pool", 1),
     # Reconnect quickly to a server that comes back (the default backoff reaches 120 s).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),

@@ -19,6 +19,7 @@ from tokenfeed.server.errors import ConfigError
 from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.serve import auth
 from tokenfeed.server.serve.service import TokenFeedServicer, register
+from tokenfeed.server.serve.spread import StreamSpread
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.telemetry import metrics
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -84,7 +85,8 @@ def _security(config: Config) -> tuple[grpc.ServerCredentials | None, list]:
 
 class Front:
     """One process's gRPC servers. `listen`/`health_listen` override the config's addresses
-    (a worker binds the port its supervisor reserved); `reuse_port` shares them."""
+    (a worker binds the port its supervisor reserved); `reuse_port` shares them; `spread`: a
+    worker's view of its node's streams (serve/spread.py)."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class Front:
         listen: str | None = None,
         health_listen: str | None = None,
         reuse_port: bool = False,
+        spread: StreamSpread | None = None,
     ):
         self.config, self.jobs = config, jobs
         credentials, interceptors = _security(config)
@@ -103,7 +106,7 @@ class Front:
             maximum_concurrent_rpcs=config.server.limits.max_concurrent_rpcs,
         )
         servicer = TokenFeedServicer(
-            jobs, config.server.max_wait_seconds, io, config.server.stream_ahead
+            jobs, config.server.max_wait_seconds, io, config.server.stream_ahead, spread
         )
         register(servicer, self.server)
         self.health = health.aio.HealthServicer()

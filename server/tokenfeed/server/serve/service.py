@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from tokenfeed.client import wire
+from tokenfeed.client.moves import MOVE_TRAILER
 from tokenfeed.server import errors
 from tokenfeed.server.jobs.explain import explain
 from tokenfeed.server.jobs.job import READY, Job
 from tokenfeed.server.serve.batchmsg import serialized
 from tokenfeed.server.serve.describe import job_info, num_sources
 from tokenfeed.server.serve.planmsg import amendment, plan_info
+from tokenfeed.server.serve.spread import StreamSpread
 from tokenfeed.server.serve.statuses import abort, parse_request, shown, status_for, well_formed
 from tokenfeed.server.serve.streaming import BatchMaker
 from tokenfeed.server.serve.waits import count as count_waits
@@ -81,9 +83,15 @@ def _unary(method):
 
 class TokenFeedServicer(pb_grpc.TokenFeedServicer):
     def __init__(
-        self, jobs: dict[str, Job], max_wait_seconds: float, io: Executor, stream_ahead: int = 2
+        self,
+        jobs: dict[str, Job],
+        max_wait_seconds: float,
+        io: Executor,
+        stream_ahead: int = 2,
+        spread: StreamSpread | None = None,
     ):
         self.jobs = jobs
+        self.spread = spread  # a serving worker's streams against its node's (serve/spread.py)
         self.max_wait = max_wait_seconds
         self.stream_ahead = stream_ahead
         self.io = io  # opens, verifies and rebuilds chunks off the event loop
@@ -134,6 +142,17 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         return message
 
     async def StreamBatches(self, request: pb.StreamBatchesRequest, context):
+        spread = self.spread
+        if spread is not None:
+            if spread.should_move(context.invocation_metadata()):
+                metrics.REQUESTS.labels("StreamBatches", "UNAVAILABLE").inc()
+                context.set_trailing_metadata(((MOVE_TRAILER, "1"),))
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "this serving worker serves more streams than another of its node: open a "
+                    "new connection and ask again (tokenfeed's clients do)",
+                )
+            spread.enter()
         try:
             well_formed(request)
             ws = request.world_size or 1
@@ -159,6 +178,9 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
             await abort(context, exc, "StreamBatches")
         else:
             metrics.REQUESTS.labels("StreamBatches", "OK").inc()
+        finally:
+            if spread is not None:
+                spread.leave()
 
     @_unary
     async def Explain(self, request: pb.GetBatchRequest, context) -> pb.Explanation:

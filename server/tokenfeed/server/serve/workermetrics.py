@@ -17,6 +17,7 @@ WORKER_METRICS = (
     metrics.SERVED_TOKENS,
     metrics.SERVED_BYTES,
     metrics.ROW_BUFFERS,
+    metrics.STREAMS_MOVED,
     metrics.TRAINER_WAIT,
     metrics.TRAINER_SECONDS,
     metrics.WAIT_REPORTS,

@@ -36,6 +36,7 @@ from tokenfeed.server.jobs.job import Job
 from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
 from tokenfeed.server.pack import arenaformat
+from tokenfeed.server.serve import spread
 from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
@@ -181,8 +182,10 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         if config.server.metrics_listen
         else None
     )
-    # The workers' shared row buffers: an earlier run's were removed by open_server.
+    # The workers' shared row buffers: an earlier run's were removed by open_server. Beside
+    # them, the table of each worker's streams (serve/spread.py).
     rows = arenaformat.node_dir(config.server.cache_dir)
+    spread.create(rows, config.server.workers)
     pool = WorkerPool(config, listen, health_listen, control, counted)
     for i in range(config.server.workers):
         pool.start(i)
@@ -278,7 +281,10 @@ async def _worker(
     parent = os.getppid()
     jobs = open_worker(config, link).jobs
     io = ThreadPoolExecutor(4, thread_name_prefix="chunk-io")
-    front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True)
+    streams = spread.StreamSpread(
+        arenaformat.node_dir(config.server.cache_dir) / spread.TABLE, index
+    )
+    front = Front(config, jobs, io, listen, health_listen or None, reuse_port=True, spread=streams)
     await front.start()
 
     def run(call, *args):

@@ -53,6 +53,13 @@ SERVED_TOKENS = Counter(
     ["tokenfeed_job"],
     registry=REGISTRY,
 )
+STREAMS_MOVED = Counter(
+    "tokenfeed_streams_moved_total",
+    "StreamBatches calls a serving worker refused because it served more streams than another "
+    "worker of its node (server.workers > 1); the client reconnected and asked again "
+    "(client/tokenfeed/client/moves.py).",
+    registry=REGISTRY,
+)
 ROW_BUFFERS = Counter(
     "tokenfeed_row_buffers_total",
     "Row buffers the serving workers of a node share (server.workers > 1): laid_out (by this "
