@@ -538,6 +538,16 @@ def panels() -> list[dict]:
         [(f"sum by (outcome) ({rate('tokenfeed_row_buffers_total')})", "{{outcome}}")],
         "ops",
     )
+    p.panel(
+        ts,
+        "Streams moved to a less busy worker / s",
+        "With server.workers > 1: StreamBatches calls a worker refused because it served more "
+        "streams than another worker of its node; the client reconnected and asked again. A "
+        "steady rate means streams keep starting while the workers' counts differ (e.g. ranks "
+        "that reconnect often).",
+        [(f"sum({rate('tokenfeed_streams_moved_total')})", "moved")],
+        "ops",
+    )
     return p.panels
 
 
