@@ -90,3 +90,24 @@ def test_readme_serving_figures_are_the_recorded_run():
     assert len(figures) > 40, figures
     for figure in figures:
         assert figure in first, figure
+
+
+def test_readme_16_core_figures_are_the_recorded_run():
+    """The README's 16-core serving table is bench/results/cores16-serving.txt's first run:
+    every rate, ratio, scaling and CPU figure of its rows is in that output (the bare
+    transport's own scaling, a quotient of two of them, aside)."""
+    readme = (ROOT / "README.md").read_text()
+    recorded = (ROOT / "bench" / "results" / "cores16-serving.txt").read_text()
+    first = recorded[: recorded.index("\n\n", recorded.index("server.workers (now)"))]
+    start = readme.index("| `server.workers` | tokenfeed | bare transport (as many processes) |")
+    rows = readme[start : readme.index("\n\n", start)].splitlines()[2:]
+    assert len(rows) == 5, rows
+    figures = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 7, cells
+        kept = cells[1:5] + cells[6:]  # cells[5]: bare vs 1 process, computed
+        figures += [f for c in kept for f in re.findall(r"\b\d[\d,]*\.\d+\b", c) if f != "0.7"]
+    assert len(figures) >= 25, figures
+    for figure in figures:
+        assert figure in first, figure
