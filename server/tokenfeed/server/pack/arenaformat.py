@@ -1,8 +1,8 @@
 """The layout of a node's row-buffer arena (pack/sharedrows.py): where it lives, its header
 page (size, segments, the ring's current segment and head, a generation per segment), a slot
 (its header and payload, checked by xxh3-128, and whether a reader has checked it) and a
-buffer's entry file; one place for the
-formats that the arena's writers and readers, and its tests, share."""
+buffer's entry file; one place for the formats that the arena's writers and readers, and its
+tests, share."""
 
 from __future__ import annotations
 

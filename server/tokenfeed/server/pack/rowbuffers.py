@@ -176,7 +176,8 @@ class RowBuffers:
         """Take row buffer `name` from the node's arena when another process has laid it out
         there (no chunk of it need be mapped here, no tail worked out): whether it was. Every
         worker takes every buffer its ranks read, so this is what a buffer costs each of the
-        others: an entry read, a lock and the check of its slot (bench/, wire section)."""
+        others: an entry read and a lock (the node's first reader checks the slot; CHANGELOG,
+        Serving workers)."""
         shared = self.shared
         assert shared is not None
         with self._making_lock:
