@@ -145,7 +145,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         spread = self.spread
         if spread is not None:
             if spread.should_move(context.invocation_metadata()):
-                metrics.REQUESTS.labels("StreamBatches", "UNAVAILABLE").inc()
+                # Counted as moved (spread.py), not as a failed request: no alert on error
+                # rates fires for the moves of a job's ranks starting at once.
                 context.set_trailing_metadata(((MOVE_TRAILER, "1"),))
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE,
