@@ -35,34 +35,38 @@ documents), tokenized with a tokenizer trained on it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import grpc
-import yaml
-from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 from bench import corpus as corpusmod
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
 from bench.streams import busiest, consume_argv, loadavg, pids_of, read_argv, together
+from bench.wireservers import (
+    CHUNK_BYTES,
+    RANK_SHAPE,
+    SHAPES,
+    bare_server,
+    describe,
+    job_name,
+    job_shapes,
+    message_bytes,
+    row_buffers,
+    serve,
+    shares_rows,
+    write_config,
+)
 from bench.wiretable import table
 
-SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's two shapes
 TARGETS = {(8, 2048): 0.6, (32, 4096): 0.8}  # tokenfeed, each row once / bare transport
-RANKS, RANK_SHAPE = 8, (8, 2048)  # one job of 8 ranks of [8, 2048]: global batch 64 rows
+RANKS = 8  # one job of 8 ranks of RANK_SHAPE: global batch 64 rows
 RANKS_TARGET = 0.6
-CHUNK_BYTES = "2MiB"  # the corpus in about 16 chunks (window_chunks: the default 8)
-START_TIMEOUT, READY_TIMEOUT = 60.0, 600.0
-SIZING_STEPS = 16  # steps streamed to learn a case's message size, from SIZING_START
+READY_TIMEOUT = 600.0
 SIZING_START = 10**9  # an epoch that no measurement reaches
 # Before the rounds, each job streams this many bytes of tokens (uint16 here) from steps no
 # round reads: more than the server's row buffers hold (`server.stream_cache_bytes`, 512 MiB),
@@ -134,99 +138,6 @@ class WireResult:
     warm_up_tokens: int = 0  # streamed per job before the rounds (`warm_up`)
 
 
-def job_name(rows: int, seq_len: int) -> str:
-    return f"w{rows}x{seq_len}"
-
-
-def job_shapes(ranks: int) -> tuple[tuple[int, int], ...]:
-    """(global batch rows, seq_len) of every job: the two shapes, and the ranks' job."""
-    return (*SHAPES, (ranks * RANK_SHAPE[0], RANK_SHAPE[1]))
-
-
-def write_config(
-    path: Path,
-    corpus: Path,
-    tokenizer: Path,
-    cache: Path,
-    workers: int,
-    ranks: int,
-    metrics: bool = False,
-) -> None:
-    jobs = {
-        job_name(r, s): {
-            "sources": [str(corpus / "*.jsonl")],
-            "tokenizer": str(tokenizer),
-            "seq_len": s,
-            "global_batch_size": r,
-            "seed": 1,
-            "chunk_bytes": CHUNK_BYTES,
-        }
-        for r, s in job_shapes(ranks)
-    }
-    server = {"listen": "127.0.0.1:0", "cache_dir": str(cache), "grace_seconds": 2.0}
-    if workers > 1:
-        server["workers"] = workers
-    if metrics:  # /metrics on a port of its own (the ready file names it)
-        server["metrics_listen"] = "127.0.0.1:0"
-    path.write_text(yaml.safe_dump({"server": server, "jobs": jobs}, sort_keys=False))
-
-
-def shares_rows(tree: Path) -> bool:
-    """Whether a tree's server counts its workers' shared row buffers on /metrics."""
-    found = tree / "server/tokenfeed/server/telemetry/metrics.py"
-    return found.exists() and "tokenfeed_row_buffers_total" in found.read_text()
-
-
-def row_buffers(server: ServerProcess) -> str:
-    """The node's shared row buffers so far by outcome (laid out, mapped from another
-    process, unshared: laid out apart), from the supervisor's /metrics; '' where it has none.
-    A growing `unshared` means the workers lay the same buffers out each for itself."""
-    address = json.loads(server.ready_file.read_text()).get("metrics", "")
-    if not address:
-        return ""
-    time.sleep(1.5)  # the workers send their counters every second
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as got:
-        text = got.read().decode()
-    found = dict(re.findall(r'^tokenfeed_row_buffers_total\{outcome="(\w+)"\} (\S+)$', text, re.M))
-    return ", ".join(
-        f"{k} {float(found.get(k, 0)):.0f}" for k in ("laid_out", "mapped", "unshared")
-    )
-
-
-def serve(
-    work: Path, name: str, config: Path, env: dict | None = None, tree: Path = ROOT
-) -> ServerProcess:
-    """A server of this tree (or of an earlier commit's, whose CLI may live elsewhere)."""
-    packaged = (tree / "server/tokenfeed/server/commands/cli.py").exists()
-    module = "tokenfeed.server.commands.cli" if packaged else "tokenfeed.server.cli"
-    argv = [sys.executable, "-m", module, "serve", "--config", str(config)]
-    proc = ServerProcess(name, argv, work)
-    if env is not None:
-        proc.env = env
-    proc.start(START_TIMEOUT)
-    return proc
-
-
-def bare_server(work: Path, size: int, procs: int) -> ServerProcess:
-    argv = [sys.executable, "-m", "bench.transport", "serve", "--bytes", str(size)]
-    proc = ServerProcess(f"bare-{size}-{procs}", [*argv, "--procs", str(procs)], work)
-    proc.start(START_TIMEOUT)
-    return proc
-
-
-def describe(address: str, job: str, env: dict | None) -> tuple[int, str]:
-    """(steps per epoch, state) of a job, asked by a client of the server's own tree."""
-    code = (
-        "from tokenfeed.client import Client; "
-        f"i = Client({address!r}, job={job!r}).describe(); "
-        "print(i['steps_per_epoch'], i['state'])"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
-    ).stdout.split()
-    return (int(out[0]), out[1]) if len(out) == 2 else (0, "")
-
-
 def wait_ready(address: str, env: dict | None, result: WireResult) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     for rows, seq_len in job_shapes(result.ranks):
@@ -239,20 +150,6 @@ def wait_ready(address: str, env: dict | None, result: WireResult) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{address}: job {job} not ready ({state})")
             time.sleep(0.5)
-
-
-def message_bytes(address: str, job: str, start: int, rank: int, world: int) -> int:
-    """The mean serialized size of a job's batch messages of one rank (SIZING_STEPS steps)."""
-    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)]) as ch:
-        call = ch.unary_stream(
-            "/tokenfeed.v1.TokenFeed/StreamBatches",
-            request_serializer=pb.StreamBatchesRequest.SerializeToString,
-        )
-        request = pb.StreamBatchesRequest(
-            job=job, start_step=start, end_step=start + SIZING_STEPS, rank=rank, world_size=world
-        )
-        sizes = [len(m) for m in call(request)]
-    return round(sum(sizes) / len(sizes))
 
 
 class Steps:
