@@ -13,7 +13,9 @@ Why one owner: the budget, eviction and single-flight tokenizing stay where they
 process, cache.py), so no chunk is tokenized twice and the directory stays under its budget;
 workers map bodies read-only, and an evicted body they still map is dropped within
 FORGET_SECONDS (the kernel frees its space then). The supervisor reserves the port (a bound,
-not listening, SO_REUSEPORT socket), so `listen: host:0` gives every worker the same port.
+not listening, SO_REUSEPORT socket), so `listen: host:0` gives every worker the same port. The
+kernel spreads connections by a hash, not by load: a worker that serves more streams than
+another sends a new one elsewhere, and tokenfeed's client reconnects (serve/spread.py).
 """
 
 from __future__ import annotations
