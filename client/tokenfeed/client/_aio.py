@@ -17,13 +17,13 @@ from typing import Any
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._base import ClientBase
-from tokenfeed.client._client import RETIRE_SECONDS, _to_dict
+from tokenfeed.client._client import _to_dict
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import FIRST_SEGMENT, WARM_STEPS, next_segment
 from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.errors import DeadlineExceeded
-from tokenfeed.client.moves import MOVES_MOST, asked_to_move, with_moves
+from tokenfeed.client.moves import retire, with_moves
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -56,10 +56,7 @@ class AsyncClient(ClientBase):
             return
         channel = self.credentials.aio_channel(addr, channel_options(self.session.policy))
         self._stubs[addr] = (channel, batch_stub(channel))
-        now = time.monotonic()
-        self._retired.append((now, found[0]))
-        old = [c for t, c in self._retired if now - t > RETIRE_SECONDS]
-        self._retired = [(t, c) for t, c in self._retired if now - t <= RETIRE_SECONDS]
+        old = retire(self._retired, found[0], time.monotonic())
         await asyncio.gather(*(c.close() for c in old))
 
     async def close(self) -> None:
@@ -339,7 +336,6 @@ class _Stream:
             attempts = Attempts(
                 self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
             )
-            moves = 0  # since the last batch: a crowded serving worker's refusals (moves.py)
             for action in attempts:
                 if isinstance(action, float):
                     await asyncio.sleep(action)
@@ -347,14 +343,10 @@ class _Stream:
                 before = self._fetched
                 stub = self.client.stub(action.addr)
                 try:
-                    await self._read(action, stub, moves)
+                    await self._read(action, stub, attempts.moves)
                 except grpc.RpcError as e:
-                    if self._fetched > before:
-                        moves = 0
-                    elif moves < MOVES_MOST and asked_to_move(e):
-                        moves += 1
+                    if attempts.moving(action, e, progressed=self._fetched > before):
                         await self.client.reconnect(action.addr, stub)
-                        attempts.moved(action)
                         continue
                     attempts.failed(action, e, stream=True, progressed=self._fetched > before)
                     continue
@@ -365,7 +357,6 @@ class _Stream:
                     if self._fetched > before:
                         attempts.delivered()
                     continue
-                moves = 0
                 if self._done():
                     await self._queue.put(_END)
                     return

@@ -28,6 +28,7 @@ from typing import Any
 
 from tokenfeed.client._session import Session
 from tokenfeed.client.errors import TokenfeedClientError, from_rpc_error
+from tokenfeed.client.moves import MOVES_MOST, asked_to_move
 from tokenfeed.client.waits import METADATA_KEY, WaitReport
 
 Metadata = tuple[tuple[str, str], ...]
@@ -62,6 +63,7 @@ class Attempts:
         self._meter = session.waits(job, rank) if waits and session.report_waits else None
         self.last: TokenfeedClientError | None = None
         self._renewed = False
+        self.moves = 0  # a crowded worker's refusals since the last progress (`moving`)
         self.deadline = time.monotonic() + self.timeout
 
     def __iter__(self) -> Iterator[Try | float]:
@@ -110,12 +112,18 @@ class Attempts:
         if progressed:
             self.delivered()
 
-    def moved(self, attempt: Try) -> None:
-        """A crowded serving worker sent `attempt` elsewhere (moves.py): the client has
-        opened a new connection, and the next attempt asks the same server again at once, with
-        no pause and nothing counted against it."""
+    def moving(self, attempt: Try, error: Any, *, progressed: bool) -> bool:
+        """Whether a stream's failed `attempt` was a crowded serving worker sending it elsewhere
+        (moves.py), before any batch and fewer than MOVES_MOST times since the last one: then
+        the client opens a new connection, and the next attempt asks the same server again at
+        once, with no pause and nothing counted against it (`moves` tells the server how often
+        it has moved)."""
+        if progressed or self.moves >= MOVES_MOST or not asked_to_move(error):
+            return False
+        self.moves += 1
         self._unreported(attempt)
         self._renewed = True
+        return True
 
     def give_up_on(self, addr: str, err: TokenfeedClientError) -> None:
         """`addr` is taken for failed (e.g. a stream silent past the limit)."""
@@ -133,6 +141,7 @@ class Attempts:
         the top of the (freshly ranked) servers, with no pause."""
         self.deadline = time.monotonic() + self.timeout
         self.last = None
+        self.moves = 0
         self._renewed = True
 
     def error(self) -> Exception:

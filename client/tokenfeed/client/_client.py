@@ -26,12 +26,9 @@ from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_l
 from tokenfeed.client._prefetch import WARM_STEPS, Prefetcher, Warmed
 from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
+from tokenfeed.client.moves import retire
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
-
-# A channel replaced by `reconnect` (a stream moved to another serving worker) is closed this
-# long after: the calls that were on it have ended by then (a stream's segments last seconds).
-RETIRE_SECONDS = 120.0
 
 
 class Client(ClientBase):
@@ -72,10 +69,8 @@ class Client(ClientBase):
                 return
             channel = self.credentials.channel(addr, self._channel_options)
             self._stubs[addr] = (channel, batch_stub(channel))
-            now = time.monotonic()
-            self._retired.append((now, found[0]))
-            while self._retired and now - self._retired[0][0] > RETIRE_SECONDS:
-                self._retired.pop(0)[1].close()
+            for old in retire(self._retired, found[0], time.monotonic()):
+                old.close()
 
     def close(self) -> None:
         """Stop every open `iter_batches` stream and warm start, and close the channels."""

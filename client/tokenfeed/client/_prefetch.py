@@ -25,7 +25,7 @@ from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.moves import MOVES_MOST, asked_to_move, with_moves
+from tokenfeed.client.moves import with_moves
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
 
@@ -188,7 +188,6 @@ class Prefetcher:
         attempts = Attempts(
             self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
         )
-        moves = 0  # since the last batch: a crowded serving worker's refusals (moves.py)
         for action in attempts:
             if isinstance(action, float):
                 if self._stop.wait(action):
@@ -197,20 +196,15 @@ class Prefetcher:
             before = self.step
             stub = self.client.stub(action.addr)
             try:
-                yield from self._stream(action, stub, moves)
+                yield from self._stream(action, stub, attempts.moves)
             except grpc.RpcError as e:
                 if self._stop.is_set():
                     return False
-                if self.step > before:
-                    moves = 0
-                elif moves < MOVES_MOST and asked_to_move(e):
-                    moves += 1
+                if attempts.moving(action, e, progressed=self.step > before):
                     self.client.reconnect(action.addr, stub)
-                    attempts.moved(action)
                     continue
                 attempts.failed(action, e, stream=True, progressed=self.step > before)
                 continue
-            moves = 0
             if self._done():
                 return not self._stop.is_set()
             attempts.delivered()  # a segment ended: the next one, from the top of the ranking

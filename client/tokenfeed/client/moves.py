@@ -20,6 +20,9 @@ from typing import Any
 MOVES_KEY = "tokenfeed-moves"  # request metadata: the moves since this stream's last batch
 MOVE_TRAILER = "tokenfeed-move"  # trailing metadata of a refusal: reconnect and ask again
 MOVES_MOST = 64
+# A channel replaced by a client's `reconnect` is closed this long after: the calls that were on
+# it have ended by then (a stream's segments last seconds).
+RETIRE_SECONDS = 120.0
 
 
 def asked_to_move(error: Any) -> bool:
@@ -34,3 +37,12 @@ def asked_to_move(error: Any) -> bool:
 def with_moves(metadata: tuple[tuple[str, str], ...] | None, moves: int) -> tuple:
     """A stream call's request metadata, saying it can move and how often it has."""
     return (*(metadata or ()), (MOVES_KEY, str(moves)))
+
+
+def retire(retired: list[tuple[float, Any]], channel: Any, now: float) -> list[Any]:
+    """Add `channel`, replaced at `now`, to a client's `retired` channels, and take out and
+    return those replaced more than RETIRE_SECONDS ago, for the client to close."""
+    retired.append((now, channel))
+    old = [c for t, c in retired if now - t > RETIRE_SECONDS]
+    retired[:] = [(t, c) for t, c in retired if now - t <= RETIRE_SECONDS]
+    return old

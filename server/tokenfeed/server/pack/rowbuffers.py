@@ -156,7 +156,8 @@ class RowBuffers:
             laid_out = make
 
             def make() -> rowlayout.RowBuffer:
-                found = shared.get_or_make_now(file, laid_out, self._wire_dtype())
+                # `_map_here` has just found no entry: read again only under the lock.
+                found = shared.get_or_make_now(file, laid_out, self._wire_dtype(), looked=True)
                 if found is None:  # another process is laying it out: a thread waits for it
                     raise NotMapped(file)
                 return found

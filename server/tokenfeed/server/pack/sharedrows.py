@@ -152,21 +152,27 @@ class SharedRows:
         return found
 
     def get_or_make_now(
-        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype
+        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, looked: bool = False
     ) -> RowBuffer | None:
         """`get_or_make` without waiting (the event loop): None where another process is
-        laying the buffer out."""
-        return self._get_or_make(name, make, dtype, wait=False)
+        laying the buffer out. `looked`: the caller has just found no entry (`read`), so the
+        entry is read only once the writer's lock is held."""
+        return self._get_or_make(name, make, dtype, wait=False, looked=looked)
 
     def read(self, name: str, dtype: np.dtype) -> RowBuffer | None:
         """The buffer `name` where the arena holds it (never waits, never lays out)."""
         return self._read(os.path.join(self._root, name), name, dtype)
 
     def _get_or_make(
-        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, wait: bool
+        self,
+        name: str,
+        make: Callable[[], RowBuffer],
+        dtype: np.dtype,
+        wait: bool,
+        looked: bool = False,
     ) -> RowBuffer | None:
         path = self.root / name
-        found = self._read(str(path), name, dtype)
+        found = None if looked else self._read(str(path), name, dtype)
         if found is not None:
             return found
         path.parent.mkdir(parents=True, exist_ok=True)
