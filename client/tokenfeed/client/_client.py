@@ -272,7 +272,10 @@ class Client(ClientBase):
         """Returns once no known disagreement of the servers covers `step`. Asked before a
         step is fetched too: a lagging server asked for it would freeze it under its old
         plan, and the change could then never be made there."""
-        watch, deadline = self.session.plans, time.monotonic() + self.session.policy.timeout
+        watch = self.session.plans
+        if held(watch, job, step) is None:  # every batch but those of a change under way
+            return
+        deadline = time.monotonic() + self.session.policy.timeout
         while (conflict := held(watch, job, step)) is not None:
             if time.monotonic() >= deadline or conflict[0] == 0:  # step 0: not a rolling change
                 raise held_too_long(job, step, conflict)

@@ -67,6 +67,9 @@ class PlanWatch:
         phase already showed another fingerprint."""
         if not fingerprint:  # a server of an earlier version
             return False
+        known = self._links.get(job)  # a phase already seen under this plan: no lock
+        if known is not None and (found := known.get(start)) is not None and found[0] == fingerprint:
+            return False
         with self._lock:
             links = self._links.setdefault(job, {})
             seen = links.get(start)
@@ -89,8 +92,7 @@ class PlanWatch:
             return tuple(sorted((s, fp) for s, (fp, _) in found.items() if s < before))
 
     def conflict(self, job: str) -> tuple[int, str] | None:
-        with self._lock:
-            return self._conflicts.get(job)
+        return self._conflicts.get(job)  # one lookup, atomic: asked for every batch
 
     def compare(self, job: str, chains: dict[str, Chain]) -> tuple[int, str] | None:
         """The servers' chains compared: (the first step two of them decide differently, why),

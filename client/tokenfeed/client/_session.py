@@ -192,6 +192,10 @@ class Session:
         if not every:
             return False
         now = time.monotonic()
+        # Most batches: nothing due. Read without the lock (a dict's and a set's lookups are
+        # atomic); a due check is decided again under it.
+        if job not in self.new_phase and now - self._plan_checked.get(job, -1e18) < every:
+            return False
         with self._lock:
             due = job in self.new_phase or now - self._plan_checked.get(job, -1e18) >= every
             if due:
@@ -200,7 +204,7 @@ class Session:
         return due
 
     def expect_fingerprint(self, job: str, fingerprint: str, source: str) -> None:
-        if not fingerprint:
+        if not fingerprint or self._fingerprints.get(job) == fingerprint:  # seen: no lock
             return
         with self._lock:
             seen = self._fingerprints.setdefault(job, fingerprint)

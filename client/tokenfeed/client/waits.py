@@ -15,6 +15,7 @@ clocks of its own (callers pass `now`).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Sequence
@@ -70,10 +71,7 @@ class WaitReport:
 
 def bucket_of(seconds: float, bounds: Sequence[float] = BUCKETS) -> int:
     """The index of the first bucket whose bound holds `seconds` (Prometheus' `le`)."""
-    for i, bound in enumerate(bounds):
-        if seconds <= bound:
-            return i
-    return len(bounds)
+    return bisect.bisect_left(bounds, seconds)  # bounds ascend: the first >= seconds
 
 
 class WaitMeter:
