@@ -15,6 +15,10 @@
   buffer is laid out by the stream that reads it, as in training;
 - tokenfeed, warm re-read (labelled, never the headline): steps of epoch 0 over and over after
   one pass, every row buffer already laid out;
+- tokenfeed's server alone (labelled, never the headline; this tree's server, one worker): the
+  same fresh steps read by consumers with a bare gRPC stub (protobuf's parse of each message,
+  nothing else: bench/consume.py --mode raw, no Client): how much of the gap to the transport
+  is the server's, and so how much the Client's decoding;
 - 1 consumer at [8, 2048] and [32, 4096], with `server.workers` 1 and 2 (with workers, the
   supervisor lays out the row buffers ahead and the serving worker maps them: jobs/layahead.py);
   8 ranks of one job of [64, 2048] (8 rows a rank) in 8 consumer processes started together,
@@ -97,7 +101,9 @@ class Case:
     consumers: int
     rows: int  # of one consumer's batches
     seq_len: int
-    reads: str  # "once" (training) or "warm" (epoch 0 re-read)
+    # "once" (training), "warm" (epoch 0 re-read), or "server": each row once, read by the
+    # bare transport's reader (bench/consume.py --mode raw: no Client), the server's share
+    reads: str
     message_bytes: int = 0
     tokenfeed: list[float] = field(default_factory=list)  # aggregate tokens/s per round
     bare: list[float] = field(default_factory=list)
@@ -186,10 +192,15 @@ def measure_server(
             pids = pids_of(server)
             warm_up(server.address, env, pids, result)
             cases = []
+            diagnose = n == 1 and tree == ROOT  # where the gap lies: the server's share
             for rows, seq_len in SHAPES:  # one consumer: also with workers, each row once
                 for reads in ("once", "warm") if n == 1 else ("once",):
                     cases.append(Case(label, n, 1, rows, seq_len, reads))
+                    if reads == "once" and diagnose and (rows, seq_len) == SHAPES[0]:
+                        cases.append(Case(label, n, 1, rows, seq_len, "server"))
             cases.append(Case(label, n, result.ranks, *RANK_SHAPE, "once"))
+            if diagnose:
+                cases.append(Case(label, n, result.ranks, *RANK_SHAPE, "server"))
             for case in cases:
                 # Sizing reads steps of an epoch no measurement reaches.
                 case.message_bytes = message_bytes(
@@ -279,8 +290,9 @@ def run_round(
             argvs = [consume_argv(server.address, case.job, 0, steps, 0, 1, wrap)]
         else:
             start = fresh.take(case.job, steps, result)
+            raw = ["--mode", "raw"] if case.reads == "server" else []
             argvs = [
-                consume_argv(server.address, case.job, start, steps, k, case.consumers)
+                [*consume_argv(server.address, case.job, start, steps, k, case.consumers), *raw]
                 for k in range(case.consumers)
             ]
         got, cpu = together(argvs, env, pids)
