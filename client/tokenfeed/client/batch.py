@@ -26,7 +26,6 @@ class Batch(Mapping[str, np.ndarray]):
     __slots__ = (
         "compact",
         "_arrays",
-        "_wide",
         "job",
         "step",
         "rank",
@@ -45,7 +44,6 @@ class Batch(Mapping[str, np.ndarray]):
     ):
         self.compact: Compact = decode(msg, verify, tokens)  # tokens: where _received.py left them
         self._arrays: dict[str, np.ndarray] = {}
-        self._wide: np.ndarray | None = None  # tokens as int32: input_ids and labels view it
         self.job, self.step, self.rank = msg.job, msg.step, msg.rank
         self.world_size, self.epoch, self.fingerprint = msg.world_size, msg.epoch, msg.fingerprint
         self.job_fingerprint = msg.job_fingerprint
@@ -60,10 +58,15 @@ class Batch(Mapping[str, np.ndarray]):
         if arr is None:
             if name not in TENSOR_NAMES:
                 raise KeyError(name)
-            if name in ("input_ids", "labels") and self._wide is None:
-                self._wide = tokens_int32(self.compact)
-                self._wide.flags.writeable = False
-            arr = expand(self.compact, name, self._wide)
+            if name in ("input_ids", "labels"):
+                # Both at once: views of one widened array, read-only as it is (every trainer
+                # reads the two, once a batch).
+                wide = tokens_int32(self.compact)
+                wide.flags.writeable = False
+                self._arrays["input_ids"] = expand(self.compact, "input_ids", wide)
+                self._arrays["labels"] = expand(self.compact, "labels", wide)
+                return self._arrays[name]
+            arr = expand(self.compact, name)
             arr.flags.writeable = False
             self._arrays[name] = arr
         return arr
