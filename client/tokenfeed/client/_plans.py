@@ -67,8 +67,8 @@ class PlanWatch:
         phase already showed another fingerprint."""
         if not fingerprint:  # a server of an earlier version
             return False
-        known = self._links.get(job)  # a phase already seen under this plan: no lock
-        if known is not None and (found := known.get(start)) is not None and found[0] == fingerprint:
+        known = self._links.get(job, {}).get(start)  # a phase seen under this plan: no lock
+        if known is not None and known[0] == fingerprint:
             return False
         with self._lock:
             links = self._links.setdefault(job, {})
