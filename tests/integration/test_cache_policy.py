@@ -116,6 +116,32 @@ def test_prefetch_fetches_a_chunk_evicted_between_two_looks_in_one_window(tmp_pa
     assert job.store.has_body(key)
 
 
+def test_prefetch_says_whether_the_steps_chunks_stayed(tmp_path, corpus):
+    """A pass of prefetch says whether every chunk of its steps is cached when it ends: in a
+    cache too small to hold them all, a chunk fetched for one step evicts another's, and
+    prefetch must not count those steps in its lead (keep_ahead fetches again first)."""
+    job = built_job(tmp_path / "cache", job_spec([corpus / "*"]))
+    first, end = 3, 9
+    needed = job.planner.chunks_of_steps(first, end)
+    keys = [job.indexes[d].keys[c] for d, c in needed]
+    size = sum(int(job.indexes[d].body_bytes[c]) for d, c in needed)
+    assert len(keys) > 2
+    cache, budget = job.store.cache, job.store.cache.budget
+    with ThreadPoolExecutor(2) as pool:
+        for key in keys:
+            job.store.drop(key, "evicted", body_only=True)
+        assert asyncio.run(fetch_steps(job, pool, first, end)) is True
+        assert job.store.has_bodies(keys)
+        for key in keys:
+            job.store.drop(key, "evicted", body_only=True)
+        cache.budget = size * 2 // 3  # holds some of the steps' chunks, not all of them
+        try:
+            assert asyncio.run(fetch_steps(job, pool, first, end)) is False
+        finally:
+            cache.budget = budget
+        assert not job.store.has_bodies(keys)
+
+
 @pytest.mark.parametrize("furthest", [0, 7, 30])
 def test_next_use_agrees_with_the_batches_served(job, furthest):
     job.progress.furthest = furthest

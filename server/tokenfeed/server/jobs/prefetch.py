@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 # Windows whose chunks a job's prefetch keeps known (a few epochs' worth of the windows just
 # ahead; each entry is a window's dozen keys).
 WINDOWS_KEPT = 4096
+# Passes over the same steps, after the first, while a pass ends with some of their chunks not
+# in the cache (`fetch_steps`), before the lead counts them anyway: in a cache that holds the
+# steps' chunks but not twice over, one fetched for a later step may evict one of an earlier
+# step (the cache ranks a window's chunks alike), and the next pass fetches it back.
+REFETCHES = 2
 
 
 async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int = 0) -> None:
@@ -44,6 +49,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
     p = job.progress
     windows = WindowChunks(job)
     ahead = layahead.WindowLayouts(job, rows_budget) if rows_budget else None
+    passes = 0  # over the same steps, while their chunks do not all stay
     while steps and job.state == READY:
         first = max(p.prefetched, p.furthest) + 1
         end = max(p.furthest, 0) + steps + 1
@@ -52,7 +58,7 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
             continue
         was = p.furthest
         try:
-            await fetch_steps(job, executor, first, end, windows)
+            held = await fetch_steps(job, executor, first, end, windows)
         except (SourceError, BadRecordError) as e:
             job.fail(str(e))
             return
@@ -63,6 +69,10 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
             log.warning("job %s: prefetch of steps %d..%d failed: %s", job.name, first, end - 1, e)
             await asyncio.sleep(1.0)
             continue
+        if not held and passes < REFETCHES:
+            passes += 1
+            continue  # the lead counts steps whose chunks are all cached: fetch again first
+        passes = 0
         if p.furthest >= was:  # else a rollback moved it back meanwhile: start again
             p.prefetched = end - 1
         if ahead is not None:
@@ -79,12 +89,15 @@ async def keep_ahead(job: Job, executor: Executor, steps: int, rows_budget: int 
 
 async def fetch_steps(
     job: Job, executor: Executor, first: int, end: int, windows: WindowChunks | None = None
-) -> None:
-    """Every chunk that the global batches of steps [first, end) read, in the cache."""
+) -> bool:
+    """Every chunk that the global batches of steps [first, end) read, in the cache; whether
+    they all are once it returns (in a tight cache one fetched here may have evicted another
+    of them: the steps' chunks are pinned while they are fetched only where they fill at most
+    half the cache)."""
     if windows is not None:
         around = windows.of_steps(first, end)
         if around is not None and job.store.has_bodies(around):
-            return  # every chunk the steps could read is there
+            return True  # every chunk the steps could read is there
     needed = job.planner.chunks_of_steps(first, end)
     missing = [(d, c) for d, c in needed if not job.store.has_body(job.indexes[d].keys[c])]
     if missing:
@@ -102,6 +115,8 @@ async def fetch_steps(
                     for d, c in missing
                 )
             )
+        return job.store.has_bodies([job.indexes[d].keys[c] for d, c in needed])
+    return True
 
 
 class WindowChunks:
