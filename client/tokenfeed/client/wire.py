@@ -274,8 +274,7 @@ def decode(msg: pb.Batch, verify: bool = True, in_place: _Bytes | None = None) -
     fingerprint is taken over the received bytes themselves: they are the arrays' bytes.
     `in_place`: the tokens' bytes where the client's deserializer left them in the received
     message (_received.py; else `msg.tokens`). Runs once per batch a trainer reads: each
-    field is read from the message once, and a batch's few row splits are checked as one
-    Python list."""
+    field is read from the message once."""
     version, code, rows, seq_len = msg.wire_version, msg.token_dtype, msg.rows, msg.seq_len
     if version != WIRE_VERSION:
         raise WireError(
@@ -291,16 +290,10 @@ def decode(msg: pb.Batch, verify: bool = True, in_place: _Bytes | None = None) -
     raw_splits, raw_starts, raw_padding = msg.row_splits, msg.starts, msg.padding
     tokens = _array(raw_tokens, dtype, rows * (seq_len + 1), "tokens").reshape(rows, seq_len + 1)
     splits = _array(raw_splits, _I4, rows + 1, "row_splits")
-    pdtype = _U2 if seq_len + 1 <= 65535 else _I4  # position_dtype(seq_len)
+    pdtype = position_dtype(seq_len)
     count = len(raw_starts) // pdtype.itemsize
     starts = _array(raw_starts, pdtype, count, "starts")
-    if rows < _SMALL:
-        bounds = splits.tolist()
-        partition = bounds[0] == 0 and bounds[-1] == count
-        partition = partition and all(map(operator.le, bounds, bounds[1:]))
-    else:
-        partition = splits[0] == 0 and splits[-1] == count and _ascending(splits)
-    if not partition:
+    if splits[0] != 0 or splits[-1] != count or not _ascending(splits):
         raise WireError("row_splits do not partition the document starts")
     if count and not _between(starts, 1, seq_len):
         raise WireError(f"document starts outside (0, {seq_len})")
@@ -310,13 +303,8 @@ def decode(msg: pb.Batch, verify: bool = True, in_place: _Bytes | None = None) -
         if padding.max() > seq_len:
             raise WireError(f"padding of more than {seq_len} slots")
     if verify:
-        h = xxhash.xxh3_128(shape_header(rows, seq_len, code, padding is not None))
-        h.update(raw_tokens)  # digest(), inline: the fingerprint's order
-        h.update(raw_starts)
-        h.update(raw_splits)
-        if padding is not None:
-            h.update(raw_padding)
-        got = h.hexdigest()
+        header = shape_header(rows, seq_len, code, padding is not None)
+        got = digest(header, raw_tokens, raw_starts, raw_splits, raw_padding or None)
         if got != msg.fingerprint:
             raise WireError(
                 f"batch fingerprint mismatch: computed {got}, server sent {msg.fingerprint}"
