@@ -1,6 +1,7 @@
 """The engines bench/tokenization.py measures tokenfeed against, each timed alone over the same
-texts in this process: bare `tokenizers`, bare tiktoken (the Encoding fasttok derives, settled
-or as tiktoken leaves it) and fasttok's own engine. Each returns its seconds."""
+texts in this process: bare `tokenizers`, bare tiktoken (the Encoding fasttok derives: one per
+thread, or one shared, settled or as tiktoken leaves it) and fasttok's own engine. Each returns
+its seconds."""
 
 from __future__ import annotations
 
@@ -42,30 +43,34 @@ def fast_engine(tokenizer: Path):
         return None, f"tiktoken is not exact for the tokenizer: {e}"
 
 
-def bare_tiktoken(tokenizer: Path, texts: list[str], settled: bool = True) -> float:
+def bare_tiktoken(tokenizer: Path, texts: list[str], how: str = "own") -> float:
     """tiktoken alone: the Encoding fasttok derives (made before the clock starts), its own
-    encode_to_numpy on a thread per core (it releases the GIL), as a user of tiktoken would.
-    `settled`: the Encoding as FastEngine leaves it (its regex caches' owner a thread that has
-    ended: fasttok.FastEngine._settle), the reference; else as tiktoken leaves it, so one of
-    the timed threads is the first to encode and owns them (the "cold" row)."""
-    if settled:
-        engine, _ = fast_engine(tokenizer)
-        encoding = engine.encoding
-    else:
-        from tokenfeed.server.tokenizer import bpeexact
+    encode_to_numpy on a thread per core (it releases the GIL), no tokenfeed code while timed.
+    `how`:
+    - "own": each thread an Encoding of its own of the same ranks (each made before the
+      clock, and used by that thread alone): the engine at its best, the reference;
+    - "settled": one Encoding for every thread, as FastEngine leaves its own (its regex
+      caches' owner a thread that has ended: fasttok.FastEngine._settle);
+    - "cold": one Encoding as tiktoken leaves it, so one of the timed threads is the first to
+      encode and owns its regex caches (what a plain user of tiktoken's threads gets)."""
+    from tokenfeed.server.tokenizer import bpeexact
 
-        encoding, _ = bpeexact.exact_encoding(
-            json.loads(Tokenizer.from_file(str(tokenizer)).to_str())
-        )
     n = cores()
+    if how == "settled":
+        engine, _ = fast_engine(tokenizer)
+        encodings = [engine.encoding] * n
+    else:
+        make, _ = bpeexact.exact_encoder(json.loads(Tokenizer.from_file(str(tokenizer)).to_str()))
+        encodings = [make() for _ in range(n)] if how == "own" else [make()] * n
     groups = [texts[i::n] for i in range(n)]
 
-    def encode(group: list[str]) -> int:
-        return sum(encoding.encode_to_numpy(t, disallowed_special=()).size for t in group)
+    def encode(i: int) -> int:
+        enc = encodings[i].encode_to_numpy
+        return sum(enc(t, disallowed_special=()).size for t in groups[i])
 
     with ThreadPoolExecutor(n) as pool:
         start = time.perf_counter()
-        list(pool.map(encode, groups))
+        list(pool.map(encode, range(n)))
         return time.perf_counter() - start
 
 

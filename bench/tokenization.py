@@ -5,13 +5,16 @@ Sides, in one table (MB of text and tokens per second, per core):
 - bare `tokenizers`: `encode_batch_fast` over the texts, ENCODE_BATCH_DOCS at a time, all
   threads, in this process: the reference of every hf side;
 - bare tiktoken: the `tiktoken.Encoding` that tokenizer/fasttok.py derives from the
-  tokenizer.json (built before the clock starts), its own `encode_to_numpy` over every text on a
-  thread per core, no tokenfeed code while timed: the reference of every tiktoken side ("n/a"
-  where fasttok.py or tiktoken is missing or cannot reproduce the tokenizer); the Encoding as
-  FastEngine leaves it (settled: its regex caches owned by a thread that has ended);
-- cold bare tiktoken: the same with the Encoding as tiktoken leaves it, one of the timed threads
-  its first user (the owner of its regex caches, which slows every thread beside it): what a
-  plain user of tiktoken's threads gets;
+  tokenizer.json, its own `encode_to_numpy` over every text on a thread per core, no tokenfeed
+  code while timed, each thread with an Encoding of its own (all built before the clock starts):
+  the engine at its best, the reference of every tiktoken side ("n/a" where fasttok.py or
+  tiktoken is missing or cannot reproduce the tokenizer);
+- shared bare tiktoken: the same with one Encoding for every thread, as FastEngine leaves its
+  own (settled: its regex caches owned by a thread that has ended), where the threads share its
+  regex caches' pools;
+- cold bare tiktoken: one Encoding as tiktoken leaves it, one of the timed threads its first
+  user (the owner of its regex caches, which slows every thread beside it): what a plain user
+  of tiktoken's threads gets;
 - fasttok engine: tokenfeed's FastEngine.encode (the same Encoding, HF ids, one array) over all
   the texts at once;
 - `tokenfeed build --workers N` with `tokenizer.backend` hf and tiktoken: a new process, as an
@@ -64,9 +67,11 @@ FILES = 4
 BACKENDS = ("hf", "tiktoken")
 BUILD_TARGET = 0.90  # tokenfeed build (hf) / bare tokenizers, per core
 FAST_TARGET = 0.90  # tokenfeed build (tiktoken) / bare tiktoken, per core
+TIKTOKEN_ENGINES = ("bare tiktoken", "shared tiktoken", "cold tiktoken", "fasttok engine")
 SIDES = (
     "bare hf",
     "bare tiktoken",
+    "shared tiktoken",
     "cold tiktoken",
     "fasttok engine",
     "build hf",
@@ -243,8 +248,8 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
             kind, backend = side.split(" ")
             if side == "fasttok engine":
                 return fasttok_engine(tokenizer, texts)
-            if kind == "cold":
-                return bare_tiktoken(tokenizer, texts, settled=False)
+            if kind in ("shared", "cold"):
+                return bare_tiktoken(tokenizer, texts, "settled" if kind == "shared" else kind)
             if kind == "bare":
                 return (
                     bare_hf(tokenizer, texts)
@@ -269,8 +274,7 @@ def measure(sizes: TokenizationSizes, out: Path) -> TokenizationResult:
         sides = [
             s
             for s in SIDES
-            if (sizes.ray or not s.startswith("ray"))
-            and (s not in ("bare tiktoken", "cold tiktoken", "fasttok engine") or not fast)
+            if (sizes.ray or not s.startswith("ray")) and (s not in TIKTOKEN_ENGINES or not fast)
         ]
         for r in range(sizes.rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
@@ -287,8 +291,9 @@ def table(r: TokenizationResult) -> str:
     targets = {"build hf": BUILD_TARGET, "build tiktoken": FAST_TARGET}
     labels = {
         "bare hf": f"bare tokenizers (encode_batch_fast, {r.cores} threads)",
-        "bare tiktoken": f"bare tiktoken (encode_to_numpy, {r.cores} threads)",
-        "cold tiktoken": "the same, a timed thread its first user (as tiktoken is left)",
+        "bare tiktoken": f"bare tiktoken (encode_to_numpy, {r.cores} threads, an Encoding each)",
+        "shared tiktoken": "the same, one Encoding for the threads (settled, as FastEngine's)",
+        "cold tiktoken": "the same, one Encoding, a timed thread its first user (as tiktoken is)",
         "fasttok engine": "tokenfeed's fasttok engine alone (FastEngine.encode)",
         "build hf": f"tokenfeed build --workers {r.cores}, backend hf",
         "build tiktoken": f"tokenfeed build --workers {r.cores}, backend tiktoken",
@@ -326,7 +331,8 @@ def table(r: TokenizationResult) -> str:
         f"{r.chunk_bytes}), {tokens:,} tokens; {r.cores} cores\n"
         f"   medians of {rounds} rounds, sides in alternating order; ratios: the median of the "
         "rounds' (bare engine's time / side's time), against the side's own engine (bare "
-        "tokenizers for hf, bare tiktoken for tiktoken) and against bare tokenizers"
+        "tokenizers for hf, bare tiktoken with an Encoding per thread for tiktoken) and "
+        "against bare tokenizers"
     )
     header = [
         "",

@@ -68,3 +68,69 @@ def test_a_first_encode_that_fails_is_left_to_the_parity_check(docs):
     assert len(engine.threads) == 1  # it failed quietly, on its own thread
     tokens, lengths = engine.encode(docs[:32], np.dtype(np.int32))
     assert split(tokens, lengths) == hf_ids(docs[:32])
+
+
+class Makes:
+    """bpeexact's maker of Encodings, noting each one it makes and the thread that made it."""
+
+    def __init__(self):
+        self.make, _ = bpeexact.exact_encoder(json.loads(TOKENIZER.read_text()))
+        self.made: list[tuple[object, threading.Thread]] = []
+
+    def __call__(self):
+        encoding = self.make()
+        self.made.append((encoding, threading.current_thread()))
+        return encoding
+
+
+class Used(fasttok.FastEngine):
+    """Notes the Encoding each pool thread encodes with. In its first call every pool thread
+    starts draining (and takes its Encoding) before any encodes, so each takes part."""
+
+    def __init__(self, makes: Makes, threads: int):
+        self.used: dict[threading.Thread, set[int]] = {}
+        self.gate: threading.Barrier | None = threading.Barrier(threads)
+        _, lut = bpeexact.exact_encoder(json.loads(TOKENIZER.read_text()))
+        super().__init__(makes.make(), lut, threads=threads, make=makes)
+
+    def _drain(self, *args) -> None:
+        if self.gate is not None:
+            self.gate.wait(timeout=10)
+        super()._drain(*args)
+
+    def _own(self):
+        found = super()._own()
+        self.used.setdefault(threading.current_thread(), set()).add(id(found))
+        return found
+
+
+def test_each_pool_thread_encodes_with_an_encoding_of_its_own(docs):
+    makes = Makes()
+    engine = Used(makes, threads=2)
+    for _ in range(2):  # a second call: the same Encodings, none made anew
+        tokens, lengths = engine.encode(docs, np.dtype(np.int32))
+        assert split(tokens, lengths) == hf_ids(docs)
+        engine.gate = None
+    assert len(makes.made) == 2  # one per pool thread, made on it
+    made_on = {thread: id(encoding) for encoding, thread in makes.made}
+    assert set(made_on) == set(engine.used)
+    assert all(engine.used[t] == {made_on[t]} for t in made_on)  # each used its own only
+    assert id(engine.encoding) not in made_on.values()
+    assert all(t.name.startswith("tiktoken") for t in made_on)
+
+
+def test_threads_past_the_budget_share_the_engines_encoding(docs, monkeypatch):
+    # The budget holds one Encoding of this vocabulary: one thread makes its own, the other
+    # encodes with the engine's (settled) one; the ids are HF's either way.
+    makes = Makes()
+    engine = Used(makes, threads=2)
+    each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
+    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", each)
+    tokens, lengths = engine.encode(docs, np.dtype(np.int32))
+    assert split(tokens, lengths) == hf_ids(docs)
+    assert len(makes.made) == 1
+    assert sorted(len(u) for u in engine.used.values()) == [1, 1]
+    assert {i for u in engine.used.values() for i in u} == {
+        id(makes.made[0][0]),
+        id(engine.encoding),
+    }

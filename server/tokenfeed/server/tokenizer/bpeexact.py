@@ -1,7 +1,8 @@
 """Which byte-level BPE tokenizer.json files tiktoken reproduces exactly, and their encoding.
 
 `exact_encoding` builds a `tiktoken.Encoding` from the tokenizer's own JSON (nothing is
-downloaded) or raises `NotExact` with the reason it cannot promise HF's ids:
+downloaded; `exact_encoder`: a maker of as many independent ones as are asked for) or raises
+`NotExact` with the reason it cannot promise HF's ids:
 - the model is a byte-level BPE: every vocabulary string maps back to bytes through GPT-2's
   byte<->unicode table, all 256 single bytes are in the vocabulary, and the mergeable ranks are
   those bytes followed by each merge's product in merge order (HF's merge priority);
@@ -27,6 +28,8 @@ only where no other entry can be found that way.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -148,6 +151,16 @@ def exact_encoding(
 ) -> tuple[Any, np.ndarray | None]:
     """(the `tiktoken.Encoding`, the HF id of each of its ranks or None where they are equal)
     of a tokenizer.json's parsed content; `NotExact` when it cannot be exact."""
+    make, rank_to_id = exact_encoder(config, encode_special_tokens)
+    return make(), rank_to_id
+
+
+def exact_encoder(
+    config: dict[str, Any], encode_special_tokens: bool = False
+) -> tuple[Callable[[], Any], np.ndarray | None]:
+    """`exact_encoding`, with a maker of the Encoding instead of one: each call makes a new,
+    independent `tiktoken.Encoding` of the same ranks (fasttok.FastEngine gives each of its
+    threads one of its own)."""
     import tiktoken  # only where the engine is asked for
 
     if config.get("normalizer") is not None:
@@ -206,7 +219,11 @@ def exact_encoding(
     ids.extend(added.values())
     rank_to_id = np.asarray(ids, dtype=np.int64)
     identity = bool((rank_to_id == np.arange(len(ids))).all())
-    encoding = tiktoken.Encoding(
-        "tokenfeed", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=specials
+    make = partial(
+        tiktoken.Encoding,
+        "tokenfeed",
+        pat_str=pat_str,
+        mergeable_ranks=ranks,
+        special_tokens=specials,
     )
-    return encoding, None if identity else rank_to_id
+    return make, None if identity else rank_to_id

@@ -8,21 +8,37 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from tokenfeed.server.tokenizer.bpeexact import NotExact, exact_encoding
+from tokenfeed.server.tokenizer.bpeexact import NotExact, exact_encoder
 from tokenfeed.server.tokenizer.paritysample import edge_sample
 
 __all__ = ["FastEngine", "NotExact", "edge_sample"]
 
 
+# Memory the pool threads' own Encodings may take in all (`FastEngine._own`), and what one
+# takes a rank: tiktoken's Rust maps of the ranks, measured at 33 MB for 128 K ranks (about 260
+# bytes a rank; bench/, tokenization). 512 MiB gives 16 threads their own at 128 K ranks, 10 at
+# 200 K; the threads past it share the engine's settled Encoding.
+OWN_ENCODINGS_BYTES = 512 * 2**20
+ENCODING_BYTES_PER_RANK = 260
+
+
 class FastEngine:
     """A tiktoken Encoding with the HF ids of its ranks, encoding documents on a thread pool
-    (tiktoken releases the GIL while it encodes)."""
+    (tiktoken releases the GIL while it encodes). Given `make` (a maker of independent
+    Encodings of the same ranks: bpeexact.exact_encoder), each pool thread encodes with an
+    Encoding of its own, up to OWN_ENCODINGS_BYTES of them (`_own`)."""
 
-    def __init__(self, encoding, rank_to_id: np.ndarray | None, threads: int | None = None):
+    def __init__(
+        self,
+        encoding,
+        rank_to_id: np.ndarray | None,
+        threads: int | None = None,
+        make: Callable[[], Any] | None = None,
+    ):
         self.encoding = encoding
         self.rank_to_id = rank_to_id
         self._luts: dict[np.dtype, np.ndarray] = {}
@@ -31,6 +47,9 @@ class FastEngine:
         self._pool: cf.ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._pool_lock = threading.Lock()
+        self._make = make
+        self._local = threading.local()
+        self._own_left = 0  # Encodings the pool's threads may still make (set with the pool)
         self._settle()
 
     def _settle(self) -> None:
@@ -56,7 +75,29 @@ class FastEngine:
     @classmethod
     def from_config(cls, config: dict[str, Any], encode_special_tokens: bool = False):
         """From a tokenizer.json's parsed content; `NotExact` when it cannot be exact."""
-        return cls(*exact_encoding(config, encode_special_tokens))
+        make, rank_to_id = exact_encoder(config, encode_special_tokens)
+        return cls(make(), rank_to_id, make=make)
+
+    def _own(self):
+        """The Encoding this pool thread encodes with: one of its own, made at its first
+        encode while the budget allows, else the engine's. tiktoken's clones of one Encoding
+        share its split pattern's regex engines, whose match caches sit in pools with a lock
+        (or, for their first user, a fast path whose bookkeeping every other thread reads):
+        threads sharing one spent 25% more CPU on the same documents than threads with an
+        Encoding each (2 threads, bench/, tokenization). An Encoding made and only used by
+        one thread takes its fast path alone."""
+        local = self._local
+        found = getattr(local, "encoding", None)
+        if found is None:
+            found = self.encoding
+            if self._make is not None:
+                with self._pool_lock:
+                    mine = self._own_left > 0
+                    self._own_left -= mine
+                if mine:
+                    found = self._make()
+            local.encoding = found
+        return found
 
     def _encode_group(self, texts: list[str]) -> list[np.ndarray]:
         enc = self.encoding.encode_to_numpy
@@ -69,7 +110,7 @@ class FastEngine:
         none is left. The threads share `order`: a list iterator's next is atomic under the
         GIL. Each document's ids are mapped here, not the call's at its end, where the other
         threads would wait (2 ms of each 512-document call; bench/, tokenization)."""
-        enc, allowed = self.encoding.encode_to_numpy, self._allowed
+        enc, allowed = self._own().encode_to_numpy, self._allowed
         for d in order:
             ranks = enc(texts[d], allowed_special=allowed, disallowed_special=())
             out[d] = ranks.astype(dtype) if lut is None else lut[ranks]
@@ -90,6 +131,9 @@ class FastEngine:
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="tiktoken")
                 self._pool_pid = os.getpid()
+                if self._make is not None:
+                    each = ENCODING_BYTES_PER_RANK * max(self.encoding.n_vocab, 1)
+                    self._own_left = min(self._threads, OWN_ENCODINGS_BYTES // each)
         pool = self._pool
         arrays: list[np.ndarray | None] = [None] * len(texts)
         # Longest first, each thread taking the next document as it is free: the call's last
