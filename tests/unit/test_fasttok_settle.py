@@ -134,3 +134,20 @@ def test_threads_past_the_budget_share_the_engines_encoding(docs, monkeypatch):
         id(makes.made[0][0]),
         id(engine.encoding),
     }
+
+
+def test_released_encodings_are_made_again_by_the_next_encode(docs):
+    # A server lets them go once its jobs are built; a later chunk (one rebuilt) makes them
+    # again, and its ids are HF's all the same.
+    makes = Makes()
+    engine = Used(makes, threads=2)
+    engine.encode(docs[:64], np.dtype(np.int32))
+    first = {id(e) for e, _ in makes.made}
+    assert len(first) == 2
+    engine.release()
+    engine.gate = threading.Barrier(2)
+    tokens, lengths = engine.encode(docs, np.dtype(np.int32))
+    assert split(tokens, lengths) == hf_ids(docs)
+    assert len(makes.made) == 4  # two new ones, within the same budget
+    latest = {i for u in engine.used.values() for i in u} - first
+    assert latest == {id(e) for e, _ in makes.made[2:]}

@@ -82,6 +82,8 @@ class JobBuild:
             return
         self.running = (asyncio.get_running_loop(), executor, parallel, retry)
         await asyncio.gather(*(i.build(executor, parallel, retry) for i in list(job.indexes)))
+        if job.tokenizer is not None:  # built: the engine's per-thread memory goes
+            job.tokenizer.release_engine()
         self._claim(parallel)
         self._ready.set()
 

@@ -48,8 +48,9 @@ class FastEngine:
         self._pool_pid = 0
         self._pool_lock = threading.Lock()
         self._make = make
-        self._local = threading.local()
-        self._own_left = 0  # Encodings the pool's threads may still make (set with the pool)
+        self._copies: dict[int, Any] = {}  # each pool thread's Encoding, by thread ident
+        self._own_budget = 0  # Encodings the pool's threads may have (set with the pool)
+        self._own_left = 0  # of which not made yet
         self._settle()
 
     def _settle(self) -> None:
@@ -86,8 +87,8 @@ class FastEngine:
         threads sharing one spent 25% more CPU on the same documents than threads with an
         Encoding each (2 threads, bench/, tokenization). An Encoding made and only used by
         one thread takes its fast path alone."""
-        local = self._local
-        found = getattr(local, "encoding", None)
+        me = threading.get_ident()
+        found = self._copies.get(me)
         if found is None:
             found = self.encoding
             if self._make is not None:
@@ -96,8 +97,17 @@ class FastEngine:
                     self._own_left -= mine
                 if mine:
                     found = self._make()
-            local.encoding = found
+            self._copies[me] = found
         return found
+
+    def release(self) -> None:
+        """Let go of the pool threads' own Encodings (a server whose jobs are built keeps no
+        memory for them): a thread that encodes again makes its own again (a few ms to 0.1 s
+        each, by the size of the vocabulary). A call encoding meanwhile keeps the ones it
+        took until it ends."""
+        with self._pool_lock:
+            self._copies = {}
+            self._own_left = self._own_budget
 
     def _encode_group(self, texts: list[str]) -> list[np.ndarray]:
         enc = self.encoding.encode_to_numpy
@@ -131,9 +141,11 @@ class FastEngine:
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="tiktoken")
                 self._pool_pid = os.getpid()
+                self._copies = {}
                 if self._make is not None:
                     each = ENCODING_BYTES_PER_RANK * max(self.encoding.n_vocab, 1)
-                    self._own_left = min(self._threads, OWN_ENCODINGS_BYTES // each)
+                    self._own_budget = min(self._threads, OWN_ENCODINGS_BYTES // each)
+                    self._own_left = self._own_budget
         pool = self._pool
         arrays: list[np.ndarray | None] = [None] * len(texts)
         # Longest first, each thread taking the next document as it is free: the call's last

@@ -194,6 +194,13 @@ class TextTokenizer:
             return np.zeros(0, dtype=self.dtype), np.zeros(0, dtype=np.int32)
         return np.concatenate(token_parts), np.concatenate(length_parts)
 
+    def release_engine(self) -> None:
+        """Let go of what the tiktoken engine's threads keep for the next encode (their own
+        Encodings: fasttok.FastEngine.release); nothing with HF's."""
+        fast = self._fast
+        if fast is not None:
+            fast.release()
+
     @property
     def batch_docs(self) -> int:
         """Documents per encode call with the engine in use."""
