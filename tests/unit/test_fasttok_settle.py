@@ -8,13 +8,15 @@ Real tokenizer (the test data's byte-level BPE), real documents; HF `tokenizers`
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
 import pytest
 from support import TOKENIZER
 from tokenfeed.server.commands import democorpus
-from tokenfeed.server.tokenizer import bpeexact, fasttok
+from tokenfeed.server.offline import buildpool
+from tokenfeed.server.tokenizer import ENGINE_PROCESSES_ENV, bpeexact, fasttok
 from tokenizers import Tokenizer
 
 
@@ -151,3 +153,27 @@ def test_released_encodings_are_made_again_by_the_next_encode(docs):
     assert len(makes.made) == 4  # two new ones, within the same budget
     latest = {i for u in engine.used.values() for i in u} - first
     assert latest == {id(e) for e, _ in makes.made[2:]}
+
+
+def test_the_processes_of_a_build_share_the_budget(docs, monkeypatch):
+    # The budget holds two Encodings of this vocabulary on the machine; a build of two
+    # processes (as `tokenfeed build` says in the environment it starts its workers with)
+    # gives this one's threads one of them.
+    makes = Makes()
+    engine = Used(makes, threads=2)
+    each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
+    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", 2 * each)
+    monkeypatch.setenv(ENGINE_PROCESSES_ENV, "2")
+    assert fasttok.own_bytes() == each
+    tokens, lengths = engine.encode(docs, np.dtype(np.int32))
+    assert split(tokens, lengths) == hf_ids(docs)
+    assert len(makes.made) == 1
+
+
+def test_a_build_says_how_many_of_its_processes_share_the_machine(monkeypatch):
+    monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
+    buildpool.Workers.start(None, "job", 0)  # type: ignore[arg-type]  # no worker: none started
+    assert os.environ[ENGINE_PROCESSES_ENV] == "1"
+    assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES
+    monkeypatch.setenv(ENGINE_PROCESSES_ENV, "not a number")
+    assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tokenfeed.server.tokenizer import ENGINE_PROCESSES_ENV
+
 if TYPE_CHECKING:
     from tokenfeed.server.offline.chunkbuild import Done
     from tokenfeed.server.settings.config import Config
@@ -53,6 +55,10 @@ class Workers:
     def start(cls, config: Config, name: str, processes: int) -> Workers:
         """`processes` worker processes for job `name` (none for 0), starting now."""
         workers = cls(name)
+        # This process and its workers share the machine's memory for the tiktoken threads'
+        # own Encodings (tokenizer/fasttok.py); a worker reads it from the environment it is
+        # spawned with.
+        os.environ[ENGINE_PROCESSES_ENV] = str(processes + 1)
         if processes > 0:
             workers.pool = cf.ProcessPoolExecutor(
                 processes,

@@ -42,6 +42,7 @@ from tokenfeed.server.offline import build
 from tokenfeed.server.settings.config import Config
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.store.sharedstore import SharedStore
+from tokenfeed.server.tokenizer import ENGINE_PROCESSES_ENV
 
 TASK_RETRIES = 3  # attempts after the first when a worker process dies mid-task
 # Chunks per task: enough tasks for every CPU to take several (the last ones end close
@@ -226,6 +227,9 @@ _jobs: dict[str, Job] = {}  # a Ray worker process serves one driver: one config
 def _worker_job(config: Config, name: str) -> Job:
     job = _jobs.get(name)
     if job is None:
+        # As many Ray workers as the node has cores may build at once, each with a tiktoken
+        # engine: each takes that share of the memory for its threads' own Encodings.
+        os.environ.setdefault(ENGINE_PROCESSES_ENV, str(os.cpu_count() or 1))
         scratch = _scratch()
         server = dataclasses.replace(config.server, cache_dir=str(scratch / name))
         job = _jobs[name] = build.chunk_builder(dataclasses.replace(config, server=server), name)

@@ -12,18 +12,30 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from tokenfeed.server.tokenizer import ENGINE_PROCESSES_ENV
 from tokenfeed.server.tokenizer.bpeexact import NotExact, exact_encoder
 from tokenfeed.server.tokenizer.paritysample import edge_sample
 
 __all__ = ["FastEngine", "NotExact", "edge_sample"]
 
 
-# Memory the pool threads' own Encodings may take in all (`FastEngine._own`), and what one
-# takes a rank: tiktoken's Rust maps of the ranks, measured at 33 MB for 128 K ranks (about 260
-# bytes a rank; bench/, tokenization). 512 MiB gives 16 threads their own at 128 K ranks, 10 at
-# 200 K; the threads past it share the engine's settled Encoding.
+# Memory the pool threads' own Encodings may take in all on a machine (`FastEngine._own`), and
+# what one takes a rank: tiktoken's Rust maps of the ranks, measured at 33 MB for 128 K ranks
+# (about 260 bytes a rank; bench/, tokenization). 512 MiB gives 15 threads their own at 128 K
+# ranks, 10 at 200 K; the threads past it share the engine's settled Encoding. The processes of
+# one build share it (ENGINE_PROCESSES_ENV: `own_bytes`).
 OWN_ENCODINGS_BYTES = 512 * 2**20
 ENCODING_BYTES_PER_RANK = 260
+
+
+def own_bytes() -> int:
+    """This process's part of OWN_ENCODINGS_BYTES: an equal share among the processes of a
+    build on this machine (ENGINE_PROCESSES_ENV), all of it elsewhere."""
+    try:
+        processes = int(os.environ.get(ENGINE_PROCESSES_ENV, "1"))
+    except ValueError:
+        processes = 1
+    return OWN_ENCODINGS_BYTES // max(processes, 1)
 
 
 class FastEngine:
@@ -144,7 +156,7 @@ class FastEngine:
                 self._copies = {}
                 if self._make is not None:
                     each = ENCODING_BYTES_PER_RANK * max(self.encoding.n_vocab, 1)
-                    self._own_budget = min(self._threads, OWN_ENCODINGS_BYTES // each)
+                    self._own_budget = min(self._threads, own_bytes() // each)
                     self._own_left = self._own_budget
         pool = self._pool
         arrays: list[np.ndarray | None] = [None] * len(texts)
