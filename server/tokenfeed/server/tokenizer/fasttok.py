@@ -21,7 +21,7 @@ __all__ = ["FastEngine", "NotExact", "edge_sample"]
 
 # Memory the pool threads' own Encodings may take in all on a machine (`FastEngine._own`), and
 # what one takes a rank: tiktoken's Rust maps of the ranks, measured at 33 MB for 128 K ranks
-# (about 260 bytes a rank; bench/, tokenization). 512 MiB gives 15 threads their own at 128 K
+# (about 260 bytes a rank; bench/, tokenization). 512 MiB gives 16 threads their own at 128 K
 # ranks, 10 at 200 K; the threads past it share the engine's settled Encoding. The processes of
 # one build share it (ENGINE_PROCESSES_ENV: `own_bytes`).
 OWN_ENCODINGS_BYTES = 512 * 2**20
