@@ -106,7 +106,8 @@ class Used(fasttok.FastEngine):
         return found
 
 
-def test_each_pool_thread_encodes_with_an_encoding_of_its_own(docs):
+def test_each_pool_thread_encodes_with_an_encoding_of_its_own(docs, monkeypatch):
+    monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
     makes = Makes()
     engine = Used(makes, threads=2)
     for _ in range(2):  # a second call: the same Encodings, none made anew
@@ -124,6 +125,7 @@ def test_each_pool_thread_encodes_with_an_encoding_of_its_own(docs):
 def test_threads_past_the_budget_share_the_engines_encoding(docs, monkeypatch):
     # The budget holds one Encoding of this vocabulary: one thread makes its own, the other
     # encodes with the engine's (settled) one; the ids are HF's either way.
+    monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)  # one process: all of it
     makes = Makes()
     engine = Used(makes, threads=2)
     each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
@@ -138,9 +140,10 @@ def test_threads_past_the_budget_share_the_engines_encoding(docs, monkeypatch):
     }
 
 
-def test_released_encodings_are_made_again_by_the_next_encode(docs):
+def test_released_encodings_are_made_again_by_the_next_encode(docs, monkeypatch):
     # A server lets them go once its jobs are built; a later chunk (one rebuilt) makes them
     # again, and its ids are HF's all the same.
+    monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
     makes = Makes()
     engine = Used(makes, threads=2)
     engine.encode(docs[:64], np.dtype(np.int32))
@@ -171,9 +174,18 @@ def test_the_processes_of_a_build_share_the_budget(docs, monkeypatch):
 
 
 def test_a_build_says_how_many_of_its_processes_share_the_machine(monkeypatch):
+    # For as long as the build runs: a process that builds and then serves (or a test run)
+    # gets all of it again afterwards.
     monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
-    buildpool.Workers.start(None, "job", 0)  # type: ignore[arg-type]  # no worker: none started
+    workers = buildpool.Workers.start(None, "job", 0)  # type: ignore[arg-type]  # none started
     assert os.environ[ENGINE_PROCESSES_ENV] == "1"
     assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES
+    workers.shutdown()
+    assert ENGINE_PROCESSES_ENV not in os.environ
+    monkeypatch.setenv(ENGINE_PROCESSES_ENV, "3")
+    workers = buildpool.Workers.start(None, "job", 0)  # type: ignore[arg-type]
+    workers.shutdown()
+    assert os.environ[ENGINE_PROCESSES_ENV] == "3"
+    assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES // 3
     monkeypatch.setenv(ENGINE_PROCESSES_ENV, "not a number")
     assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES

@@ -50,14 +50,15 @@ class Workers:
     name: str  # the job they build
     pool: cf.ProcessPoolExecutor | None = None
     ready: list[cf.Future] = field(default_factory=list)
+    shared_before: str | None = None  # ENGINE_PROCESSES_ENV before the build (shutdown)
 
     @classmethod
     def start(cls, config: Config, name: str, processes: int) -> Workers:
         """`processes` worker processes for job `name` (none for 0), starting now."""
-        workers = cls(name)
         # This process and its workers share the machine's memory for the tiktoken threads'
-        # own Encodings (tokenizer/fasttok.py); a worker reads it from the environment it is
-        # spawned with.
+        # own Encodings (tokenizer/fasttok.py) until the build ends; a worker reads it from
+        # the environment it is spawned with.
+        workers = cls(name, shared_before=os.environ.get(ENGINE_PROCESSES_ENV))
         os.environ[ENGINE_PROCESSES_ENV] = str(processes + 1)
         if processes > 0:
             workers.pool = cf.ProcessPoolExecutor(
@@ -71,9 +72,14 @@ class Workers:
 
     def shutdown(self) -> None:
         """Chunks not yet taken are cancelled; the processes end once their chunk in hand is
-        built (and once up, for any still starting)."""
+        built (and once up, for any still starting). The environment's count of the build's
+        processes is what it was before."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.shared_before is None:
+            os.environ.pop(ENGINE_PROCESSES_ENV, None)
+        else:
+            os.environ[ENGINE_PROCESSES_ENV] = self.shared_before
 
 
 def start_for(config: Config, name: str, workers: int) -> Workers:
