@@ -7,6 +7,7 @@ Real tokenizer (the test data's byte-level BPE), real documents; HF `tokenizers`
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -129,7 +130,8 @@ def test_threads_past_the_budget_share_the_engines_encoding(docs, monkeypatch):
     makes = Makes()
     engine = Used(makes, threads=2)
     each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
-    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", each)
+    # Room for one more beside what other engines of this process hold.
+    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", fasttok.held_bytes() + each)
     tokens, lengths = engine.encode(docs, np.dtype(np.int32))
     assert split(tokens, lengths) == hf_ids(docs)
     assert len(makes.made) == 1
@@ -146,10 +148,14 @@ def test_released_encodings_are_made_again_by_the_next_encode(docs, monkeypatch)
     monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
     makes = Makes()
     engine = Used(makes, threads=2)
+    before = fasttok.held_bytes()
     engine.encode(docs[:64], np.dtype(np.int32))
     first = {id(e) for e, _ in makes.made}
     assert len(first) == 2
+    each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
+    assert fasttok.held_bytes() == before + 2 * each
     engine.release()
+    assert fasttok.held_bytes() == before
     engine.gate = threading.Barrier(2)
     tokens, lengths = engine.encode(docs, np.dtype(np.int32))
     assert split(tokens, lengths) == hf_ids(docs)
@@ -159,15 +165,16 @@ def test_released_encodings_are_made_again_by_the_next_encode(docs, monkeypatch)
 
 
 def test_the_processes_of_a_build_share_the_budget(docs, monkeypatch):
-    # The budget holds two Encodings of this vocabulary on the machine; a build of two
-    # processes (as `tokenfeed build` says in the environment it starts its workers with)
-    # gives this one's threads one of them.
+    # The machine's budget is two processes' worth of room for one Encoding of this
+    # vocabulary; a build of two processes (as `tokenfeed build` says in the environment it
+    # starts its workers with) gives this one's threads one of them.
     makes = Makes()
     engine = Used(makes, threads=2)
     each = fasttok.ENCODING_BYTES_PER_RANK * engine.encoding.n_vocab
-    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", 2 * each)
+    room = fasttok.held_bytes() + each
+    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", 2 * room)
     monkeypatch.setenv(ENGINE_PROCESSES_ENV, "2")
-    assert fasttok.own_bytes() == each
+    assert fasttok.own_bytes() == room
     tokens, lengths = engine.encode(docs, np.dtype(np.int32))
     assert split(tokens, lengths) == hf_ids(docs)
     assert len(makes.made) == 1
@@ -189,3 +196,25 @@ def test_a_build_says_how_many_of_its_processes_share_the_machine(monkeypatch):
     assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES // 3
     monkeypatch.setenv(ENGINE_PROCESSES_ENV, "not a number")
     assert fasttok.own_bytes() == fasttok.OWN_ENCODINGS_BYTES
+
+
+def test_the_engines_of_a_process_share_its_budget(docs, monkeypatch):
+    # A server has an engine per job: the second one's threads get what the first one left,
+    # and all of it once the first one is gone.
+    monkeypatch.delenv(ENGINE_PROCESSES_ENV, raising=False)
+    first_makes, second_makes = Makes(), Makes()
+    first = Used(first_makes, threads=2)
+    each = fasttok.ENCODING_BYTES_PER_RANK * first.encoding.n_vocab
+    monkeypatch.setattr(fasttok, "OWN_ENCODINGS_BYTES", fasttok.held_bytes() + 3 * each)
+    first.encode(docs[:64], np.dtype(np.int32))
+    assert len(first_makes.made) == 2
+    second = Used(second_makes, threads=2)
+    tokens, lengths = second.encode(docs, np.dtype(np.int32))
+    assert split(tokens, lengths) == hf_ids(docs)
+    assert len(second_makes.made) == 1  # the one left
+    del first  # its Encodings go with it
+    gc.collect()
+    second.release()
+    second.gate = threading.Barrier(2)
+    second.encode(docs[:64], np.dtype(np.int32))
+    assert len(second_makes.made) == 3  # both of its threads, now

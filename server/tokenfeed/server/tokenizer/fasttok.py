@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,11 +20,12 @@ from tokenfeed.server.tokenizer.paritysample import edge_sample
 __all__ = ["FastEngine", "NotExact", "edge_sample"]
 
 
-# Memory the pool threads' own Encodings may take in all on a machine (`FastEngine._own`), and
-# what one takes a rank: tiktoken's Rust maps of the ranks, measured at 33 MB for 128 K ranks
-# (about 260 bytes a rank; bench/, tokenization). 512 MiB gives 16 threads their own at 128 K
-# ranks, 10 at 200 K; the threads past it share the engine's settled Encoding. The processes of
-# one build share it (ENGINE_PROCESSES_ENV: `own_bytes`).
+# Memory the engines' pool threads may take in all on a machine for Encodings of their own
+# (`FastEngine._own`), and what one takes a rank: tiktoken's Rust maps of the ranks, measured
+# at 33 MB for 128 K ranks (about 260 bytes a rank; bench/, tokenization). 512 MiB gives 16
+# threads their own at 128 K ranks, 10 at 200 K; the threads past it share their engine's
+# settled Encoding. The processes of one build share it (ENGINE_PROCESSES_ENV: `own_bytes`);
+# a process's engines share its part (`_LEDGER`).
 OWN_ENCODINGS_BYTES = 512 * 2**20
 ENCODING_BYTES_PER_RANK = 260
 
@@ -38,11 +40,43 @@ def own_bytes() -> int:
     return OWN_ENCODINGS_BYTES // max(processes, 1)
 
 
+class _Ledger:
+    """What the threads of this process's engines (a server has one a job) hold in Encodings
+    of their own, against `own_bytes`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if self.held + size > own_bytes():
+                return False
+            self.held += size
+            return True
+
+    def give_back(self, held: list[int]) -> None:
+        """An engine's Encodings let go (`held`: its count, zeroed)."""
+        with self._lock:
+            self.held -= held[0]
+            held[0] = 0
+
+
+_LEDGER = _Ledger()
+
+
+def held_bytes() -> int:
+    """The bytes this process's engines' threads hold in Encodings of their own (estimated:
+    ENCODING_BYTES_PER_RANK a rank)."""
+    return _LEDGER.held
+
+
 class FastEngine:
     """A tiktoken Encoding with the HF ids of its ranks, encoding documents on a thread pool
     (tiktoken releases the GIL while it encodes). Given `make` (a maker of independent
     Encodings of the same ranks: bpeexact.exact_encoder), each pool thread encodes with an
-    Encoding of its own, up to OWN_ENCODINGS_BYTES of them (`_own`)."""
+    Encoding of its own while the process's engines hold less than `own_bytes` of them
+    (`_own`)."""
 
     def __init__(
         self,
@@ -61,8 +95,11 @@ class FastEngine:
         self._pool_lock = threading.Lock()
         self._make = make
         self._copies: dict[int, Any] = {}  # each pool thread's Encoding, by thread ident
-        self._own_budget = 0  # Encodings the pool's threads may have (set with the pool)
-        self._own_left = 0  # of which not made yet
+        # What one Encoding of its own takes, and what this engine's threads hold (given back
+        # to the process's ledger on `release`, or when the engine goes).
+        self._each = ENCODING_BYTES_PER_RANK * max(encoding.n_vocab, 1) if make else 0
+        self._held = [0]
+        weakref.finalize(self, _LEDGER.give_back, self._held)
         self._settle()
 
     def _settle(self) -> None:
@@ -103,12 +140,10 @@ class FastEngine:
         found = self._copies.get(me)
         if found is None:
             found = self.encoding
-            if self._make is not None:
+            if self._make is not None and _LEDGER.take(self._each):
+                found = self._make()
                 with self._pool_lock:
-                    mine = self._own_left > 0
-                    self._own_left -= mine
-                if mine:
-                    found = self._make()
+                    self._held[0] += self._each
             self._copies[me] = found
         return found
 
@@ -119,7 +154,7 @@ class FastEngine:
         took until it ends."""
         with self._pool_lock:
             self._copies = {}
-            self._own_left = self._own_budget
+            _LEDGER.give_back(self._held)
 
     def _encode_group(self, texts: list[str]) -> list[np.ndarray]:
         enc = self.encoding.encode_to_numpy
@@ -153,11 +188,8 @@ class FastEngine:
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="tiktoken")
                 self._pool_pid = os.getpid()
-                self._copies = {}
-                if self._make is not None:
-                    each = ENCODING_BYTES_PER_RANK * max(self.encoding.n_vocab, 1)
-                    self._own_budget = min(self._threads, own_bytes() // each)
-                    self._own_left = self._own_budget
+                self._copies = {}  # (a forked child's threads have none yet)
+                _LEDGER.give_back(self._held)
         pool = self._pool
         arrays: list[np.ndarray | None] = [None] * len(texts)
         # Longest first, each thread taking the next document as it is free: the call's last
