@@ -153,8 +153,13 @@ class FastEngine:
         each, by the size of the vocabulary). A call encoding meanwhile keeps the ones it
         took until it ends."""
         with self._pool_lock:
-            self._copies = {}
-            _LEDGER.give_back(self._held)
+            self._drop_copies()
+
+    def _drop_copies(self) -> None:
+        """The threads' own Encodings forgotten and given back to the ledger (`_pool_lock`
+        held)."""
+        self._copies = {}
+        _LEDGER.give_back(self._held)
 
     def _encode_group(self, texts: list[str]) -> list[np.ndarray]:
         enc = self.encoding.encode_to_numpy
@@ -188,8 +193,7 @@ class FastEngine:
             if self._pool is None or self._pool_pid != os.getpid():
                 self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="tiktoken")
                 self._pool_pid = os.getpid()
-                self._copies = {}  # (a forked child's threads have none yet)
-                _LEDGER.give_back(self._held)
+                self._drop_copies()  # a forked child's threads have none yet
         pool = self._pool
         arrays: list[np.ndarray | None] = [None] * len(texts)
         # Longest first, each thread taking the next document as it is free: the call's last
