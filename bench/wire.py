@@ -89,7 +89,15 @@ class WireSizes:
 
 
 QUICK = WireSizes(tokens=8_000_000, rounds=2, mb=31)
-FULL = WireSizes(tokens=40_000_000, rounds=5, mb=31)
+# A round streams FULL.tokens per row of the table, long enough to measure streams as training
+# runs them, for minutes: past their start. A stream's first few hundred MB run slower than
+# the rest on either side (HTTP/2 windows and socket buffers grow to the rate; a new process's
+# code is cold), most of all the bare transport's at [32, 4096]: on a quiet 2-core machine,
+# rounds of 40 M tokens (305 [32, 4096] messages) had it at 500-620 M tokens/s and a ratio of
+# 0.49-0.65, rounds of 200 M tokens at 660-820 M and 0.47-0.57, and of 800 M tokens at 740-830 M
+# and 0.46-0.55 (4 alternating rounds each; tokenfeed ran at 306-406 M throughout). Rounds of
+# 40 M tokens, this table's before, flattered tokenfeed there.
+FULL = WireSizes(tokens=320_000_000, rounds=5, mb=31)
 
 
 @dataclass
@@ -142,6 +150,7 @@ class WireResult:
     steps_per_epoch: dict = field(default_factory=dict)  # job -> steps
     warm_up_bytes: int = WARM_UP_BYTES  # of uint16 tokens per job before the rounds
     warm_up_tokens: int = 0  # streamed per job before the rounds (`warm_up`)
+    round_tokens: int = 0  # streamed per row of the table in each round (WireSizes.tokens)
 
 
 def wait_ready(address: str, env: dict | None, result: WireResult) -> None:
@@ -330,7 +339,7 @@ def run(
     c = corpusmod.prepare(sizes.mb, out)
     work = out / "wire"
     work.mkdir(parents=True, exist_ok=True)
-    result = WireResult(c, ranks=ranks, warm_up_bytes=warm_up_bytes)
+    result = WireResult(c, ranks=ranks, warm_up_bytes=warm_up_bytes, round_tokens=sizes.tokens)
 
     def configs(cache: Path, tag: str, tree: Path = ROOT):
         def config_of(n: int) -> Path:

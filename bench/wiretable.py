@@ -57,7 +57,8 @@ def table(r: WireResult, load: str = "") -> str:
         f"   corpus: {c.docs:,} documents of code ({c.short_docs:,} short, {c.long_docs:,} "
         f"long), {c.text_bytes / 1e6:.1f} MB, about {r.tokens_per_epoch / 1e6:.1f} M tokens; "
         f"chunk_bytes {r.chunk_bytes}; steps per epoch: {spe}\n"
-        f"   M tokens/s: medians of {len(r.cases[0].tokenfeed)} rounds (all consumers of a row "
+        f"   M tokens/s: medians of {len(r.cases[0].tokenfeed)} rounds of about "
+        f"{r.round_tokens / 1e6:,.0f} M tokens a row on each side (all consumers of a row "
         "together); ratio: median of the rounds' tokenfeed/bare; cores here: "
         f"{len(os.sched_getaffinity(0))}{'; load ' + load if load else ''}"
     )
