@@ -1,8 +1,9 @@
-"""The worker processes of `tokenfeed build` (build.py), startable before the parent imports
-what a build needs: this module imports only the standard library, so `tokenfeed build` starts
-its workers first thing, and each one's start-up (a new Python, its imports, its tokenizer:
-about 0.8 s of a core) runs while the parent does the same and lists and plans the sources. By
-the time chunks are handed out the workers are up, or nearly.
+"""The worker processes of `tokenfeed build` (build.py), startable before the parent imports what a
+build needs: this module imports only the standard library (and a name from the tokenizer
+package's bare `__init__`), so `tokenfeed build` starts its workers first thing, and each one's
+start-up (a new Python, its imports, its tokenizer: about 0.8 s of a core) runs while the parent
+does the same and lists and plans the sources. By the time chunks are handed out the workers are
+up, or nearly.
 
 How many: `most_processes` (up to `--workers`, one per CORES_PER_PROCESS cores); once the chunks
 are planned, build.processes says how many of them the sources are worth, and the others are
