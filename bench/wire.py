@@ -130,8 +130,12 @@ class Case:
     def shape(self) -> tuple[int, int]:
         return self.rows, self.seq_len
 
+    def ratios(self) -> list[float]:
+        """Each round's tokenfeed / bare, in the rounds' order."""
+        return [a / b for a, b in zip(self.tokenfeed, self.bare, strict=True)]
+
     def ratio(self) -> float:
-        return median([a / b for a, b in zip(self.tokenfeed, self.bare, strict=True)])
+        return median(self.ratios())
 
     @property
     def target(self) -> float | None:

@@ -42,6 +42,7 @@ def table(r: WireResult, load: str = "") -> str:
                 number(median(case.bare) / 1e6, 1),
                 number(median(case.tokenfeed) / 1e6, 1),
                 f"{ratio:.2f}",
+                f"{min(case.ratios()):.2f}-{max(case.ratios()):.2f}",
                 "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
                 f"{median(case.cpu):.4f}",
                 f"{median(case.bare_cpu):.4f}",
@@ -72,6 +73,7 @@ def table(r: WireResult, load: str = "") -> str:
         "bare M tok/s",
         "tokenfeed M tok/s",
         "ratio",
+        "rounds",
         "target",
         "server CPU s/M",
         "bare server",
@@ -79,6 +81,8 @@ def table(r: WireResult, load: str = "") -> str:
         "bare readers",
     ]
     notes = (
+        "rounds: the lowest and highest of the rounds' ratios, how far one round moved from "
+        "another on this machine\n"
         "server CPU s/M: user + system seconds of the server's processes (supervisor and "
         "workers) per million tokens streamed; bare server: the bare transport server's\n"
         "consumers CPU s/M: the consumer processes' own CPU seconds per million tokens (the "
