@@ -24,7 +24,7 @@ def table(r: WireResult, load: str = "") -> str:
     rows = []
     for case in r.cases:
         goal = case.target
-        ratio = case.ratio()
+        ratio, spread = case.ratio(), case.ratios()
         reads = READS[case.reads]
         who = (
             f"{case.consumers} ranks of [{case.rows * case.consumers}, {case.seq_len}]"
@@ -42,7 +42,7 @@ def table(r: WireResult, load: str = "") -> str:
                 number(median(case.bare) / 1e6, 1),
                 number(median(case.tokenfeed) / 1e6, 1),
                 f"{ratio:.2f}",
-                f"{min(case.ratios()):.2f}-{max(case.ratios()):.2f}",
+                f"{min(spread):.2f}-{max(spread):.2f}",
                 "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
                 f"{median(case.cpu):.4f}",
                 f"{median(case.bare_cpu):.4f}",
