@@ -122,6 +122,39 @@ def test_added_tokens_in_documents_are_split_out_as_hf_does(llama3):
     assert split(tokens, lengths) == hf_ids(llama3, texts, encode_special_tokens=True) != ids
 
 
+def test_items_parsed_by_the_encoding_threads_give_the_same_ids(docs):
+    """encode_items: each item's text found by the thread that encodes it (a JSON line's
+    parse), bad items left out and marked; the ids are those of the good texts encoded, before
+    and after the job's first documents agreed with HF (found first, then on the threads)."""
+    lines = []
+    for k, text in enumerate(docs):
+        lines.append(json.dumps({"text": text}).encode())
+        if k % 7 == 0:
+            lines.append(b'{"text": 42}' if k % 2 else b"not json")
+
+    def text_of(line: bytes) -> str | None:
+        try:
+            found = json.loads(line)["text"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        return found if isinstance(found, str) and found else None
+
+    texts = [text_of(line) for line in lines]
+    want_good = [t is not None for t in texts]
+    want = hf_ids(TOKENIZER, [t for t in texts if t is not None])
+    assert 0 < want_good.count(False) < len(lines)
+    tok = load(TOKENIZER, "tiktoken")
+    for _ in range(2):  # the first call is compared with HF, the second runs on the threads
+        tokens, lengths, good = tok.encode_items(lines, text_of)
+        assert good.tolist() == want_good
+        assert split(tokens, lengths) == want
+    assert tok._checked() and tok.engine == "tiktoken"
+    tokens, lengths, good = tok._fast.encode_items(lines, np.dtype(np.int32), text_of)
+    assert good.tolist() == want_good and split(tokens, lengths) == want
+    none = tok.encode_items([b"[]", b""], text_of)
+    assert none[0].size == 0 and none[1].size == 0 and none[2].tolist() == [False, False]
+
+
 def test_concurrent_encodes_agree(docs):
     tok = load(TOKENIZER, "auto")
     want = split(*load(TOKENIZER, "hf").encode(docs))

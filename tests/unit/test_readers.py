@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +20,7 @@ from tokenfeed.server.objstore.localfiles import LocalBackend
 from tokenfeed.server.objstore.objects import ObjectInfo
 from tokenfeed.server.settings.config import SourceSpec
 from tokenfeed.server.source.chunks import Chunk, plan_chunks
-from tokenfeed.server.source.readers import read_documents
+from tokenfeed.server.source.readers import read_documents, read_lines, read_pieces
 
 # One line per bad-record reason, as a producer's bug might write it.
 BAD_LINES = {
@@ -92,6 +93,40 @@ def test_bad_records_are_located_by_line_in_every_chunk(tmp_path, chunk_bytes):
     # Line numbers count from the start of the file, even for a range chunk far into it.
     assert got_bad == [(reason, f"{uri}:{line}") for reason, line in bad]
     assert records == len(lines)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+@pytest.mark.parametrize("chunk_bytes", [1, 33, 2**20])
+def test_lines_parsed_by_the_encoder_give_the_same_records(tmp_path, suffix, chunk_bytes):
+    """JsonLines (a build's tiktoken path: each line parsed by the thread that encodes it,
+    the records settled after) gives every chunk the texts, record ids, bad records with
+    their locations, record count and data start that read_pieces gives."""
+    lines, texts, _ = mixed_lines(3)
+    path = tmp_path / f"s{suffix}"
+    compress = {".jsonl.gz": gzip.compress, ".jsonl.zst": zstandard.ZstdCompressor().compress}
+    path.write_bytes(compress.get(suffix, bytes)(jsonl_bytes(lines)))
+    store, got_texts = LocalBackend(), []
+    for chunk in plan(path, chunk_bytes):
+        docs, pieces = read_pieces(store, chunk, 4)
+        want_texts = [t for piece in pieces for t in piece]
+        parsed = read_lines(store, chunk)
+        assert parsed is not None
+        found = [parsed.text(line) for line in parsed.lines]
+        got = parsed.documents(np.array([t is not None for t in found], dtype=bool))
+        assert [t for t in found if t is not None] == want_texts
+        assert got == docs  # texts (empty on both), bad records, count, ids, data start
+        got_texts += want_texts
+    assert got_texts == texts
+    parsed = read_lines(store, plan(path)[0])
+    with pytest.raises(ValueError, match="answers for"):
+        parsed.documents(np.ones(1, dtype=bool))
+
+
+def test_only_json_lines_chunks_are_read_as_lines(tmp_path):
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"]}), path)
+    [chunk] = plan(path)
+    assert read_lines(LocalBackend(), chunk) is None
 
 
 def test_bad_record_detail_and_str(tmp_path):

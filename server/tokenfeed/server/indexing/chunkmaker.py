@@ -29,7 +29,7 @@ from tokenfeed.server.indexing.owner import ChunkOwner
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source import pretokenized
 from tokenfeed.server.source.chunks import Chunk
-from tokenfeed.server.source.readers import BadRecord, ChunkDocuments, read_pieces
+from tokenfeed.server.source.readers import BadRecord, ChunkDocuments, read_lines, read_pieces
 from tokenfeed.server.store.chunkfiles import ChunkIndex, encode_chunk
 from tokenfeed.server.store.sharedstore import SharedStore
 from tokenfeed.server.store.tokstore import TokenChunk, TokenStore
@@ -195,6 +195,16 @@ class ChunkMaker:
             pre = pretokenized.read_chunk(source, chunk, tokenizer)
             self._check_policy([str(b) for b in pre.bad])
             docs, tokens, lengths = pre, pre.tokens, pre.lengths
+        elif tokenizer.engine == "tiktoken" and (lines := read_lines(source, chunk)) is not None:
+            # JSON Lines for tiktoken: its threads parse each line as they take it (the GIL a
+            # few us at a time), where a parse before the encode left them idle (bench/,
+            # tokenization); the chunk's records are settled once its lines are encoded.
+            with _slot(tokenizer):
+                tokens, lengths, good = tokenizer.encode_items(
+                    lines.lines, lines.text, self._stop_point
+                )
+            docs = lines.documents(good)
+            self._check_policy([str(b) for b in docs.bad[:1]])
         else:
             docs, pieces = read_pieces(source, chunk, tokenizer.batch_docs)  # I/O, no slot
             with _slot(tokenizer):

@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Iterator
 from functools import lru_cache
 
+import numpy as np
 import orjson
 import zstandard
 from tokenfeed.server.errors import SourceError
@@ -145,11 +146,10 @@ def jsonl_pieces(
 ) -> Iterator[list[str]]:
     """The good texts of the chunk's lines `data`, n at a time (the last piece may be
     shorter); its bad records, record count and record ids go to `docs` as the pieces are
-    taken (its `texts` are the caller's). A build parses every line here, one core's work
-    while the tokenizer's threads wait (chunkmaker.py): good lines take one parse and one
-    lookup, and only a line that fails them is looked at again, to say why."""
+    taken (its `texts` are the caller's). Good lines take one parse and one lookup, and only a
+    line that fails them is looked at again, to say why."""
     field, loads, lines = chunk.text_field, orjson.loads, _lines(data)
-    line_base: int | None = 0 if docs.data_start == 0 else None
+    where = _Locator(store, chunk, docs.data_start)
     ids, piece, before = docs.record_ids, [], docs.records
     for i, line in enumerate(lines):
         try:
@@ -164,16 +164,61 @@ def jsonl_pieces(
                 yield piece
                 piece = []
             continue
-        bad = _bad_line(line, field)
-        if bad is None:  # cannot be: the line failed the lookup above
-            raise AssertionError(f"{chunk.describe()}: line {i} is good on a second look")
-        if line_base is None:  # only paid when a range chunk has a bad record
-            line_base = _count_lines_before(store, chunk, single_start(chunk, docs.data_start))
-        location = f"{chunk.source.uri}:{line_base + i + 1}"
-        docs.bad.append(BadRecord(bad.reason, location, bad.detail))
+        docs.bad.append(where.bad(line, i))
     docs.records = before + len(lines)
     if piece:
         yield piece
+
+
+class _Locator:
+    """A chunk's bad lines located (`uri:line`): the lines before a range chunk's first are
+    counted once, and only when one of its lines is bad."""
+
+    def __init__(self, store: ObjectBackend, chunk: Chunk, data_start: DataStart):
+        self.store, self.chunk, self.data_start = store, chunk, data_start
+        self._base: int | None = 0 if data_start == 0 else None
+
+    def bad(self, line: bytes, i: int) -> BadRecord:
+        """Why line `i` of the chunk (a line that failed the parse and lookup) is bad, and
+        where."""
+        field, chunk = self.chunk.text_field, self.chunk
+        found = _bad_line(line, field)
+        if found is None:  # cannot be: the line failed the lookup
+            raise AssertionError(f"{chunk.describe()}: line {i} is good on a second look")
+        if self._base is None:
+            start = single_start(chunk, self.data_start)
+            self._base = _count_lines_before(self.store, chunk, start)
+        return BadRecord(found.reason, f"{chunk.source.uri}:{self._base + i + 1}", found.detail)
+
+
+class JsonLines:
+    """A JSON Lines chunk's lines, read (plain or decompressed), for an engine that parses
+    each line on the thread that encodes it (`text`) and then says which were documents
+    (`documents`): its records are then what `jsonl_pieces` gives for the same lines."""
+
+    def __init__(self, store: ObjectBackend, chunk: Chunk):
+        self.store, self.chunk, self.field = store, chunk, chunk.text_field
+        self._docs = ChunkDocuments([], [], 0, [])
+        self.lines = _lines(jsonl_data(store, chunk, self._docs))
+
+    def text(self, line: bytes) -> str | None:
+        """The line's text, or None where the line is a bad record."""
+        try:
+            text = orjson.loads(line)[self.field]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        return text if type(text) is str and text else None
+
+    def documents(self, good: np.ndarray) -> ChunkDocuments:
+        """The chunk's records (`texts` left empty), given which lines were documents."""
+        good = np.asarray(good, dtype=bool)
+        if good.shape != (len(self.lines),):
+            raise ValueError(f"{good.size} answers for {len(self.lines)} lines")
+        docs, where = self._docs, _Locator(self.store, self.chunk, self._docs.data_start)
+        docs.record_ids = np.flatnonzero(good).tolist()
+        docs.bad = [where.bad(self.lines[i], i) for i in np.flatnonzero(~good).tolist()]
+        docs.records = len(self.lines)
+        return docs
 
 
 def line_number(store: ObjectBackend, chunk: Chunk, data_start: int, record: int) -> int:

@@ -25,6 +25,7 @@ from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.source import arrowfiles, mdscolumns, wds
 from tokenfeed.server.source.chunks import Chunk
 from tokenfeed.server.source.jsonl import (
+    JsonLines,
     jsonl_data,
     jsonl_pieces,
     line_number,
@@ -170,6 +171,14 @@ def read_pieces(
     docs = ChunkDocuments([], [], 0, [])
     data = jsonl_data(store, chunk, docs)
     return docs, jsonl_pieces(store, chunk, docs, data, docs_per_piece)
+
+
+def read_lines(store: ObjectBackend, chunk: Chunk) -> JsonLines | None:
+    """A plain or compressed JSON Lines chunk's lines, read here, for an engine that parses
+    them as it encodes (`JsonLines`); None for any other chunk (`read_pieces` reads it)."""
+    if chunk.parts or chunk.kind == "parquet" or chunk.kind in _LAYOUT_TEXTS:
+        return None
+    return JsonLines(store, chunk)
 
 
 def _joined(parts: list[ChunkDocuments]) -> ChunkDocuments:

@@ -9,7 +9,7 @@ import concurrent.futures as cf
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,8 @@ class _Ledger:
 
 
 _LEDGER = _Ledger()
+# What an item that is a bad record encodes to (`FastEngine.encode_items`).
+_BAD = np.zeros(0, dtype=np.int32)
 
 
 def held_bytes() -> int:
@@ -166,15 +168,26 @@ class FastEngine:
         return [enc(t, allowed_special=self._allowed, disallowed_special=()) for t in texts]
 
     def _drain(
-        self, texts: list[str], order: Iterator[int], out: list, lut: np.ndarray | None, dtype
+        self,
+        items: Sequence[Any],
+        text: Callable[[Any], str | None] | None,
+        order: Iterator[int],
+        out: list,
+        lut: np.ndarray | None,
+        dtype,
     ) -> None:
         """On a pool thread: encodes the next document of `order` into HF ids in `dtype` until
         none is left. The threads share `order`: a list iterator's next is atomic under the
         GIL. Each document's ids are mapped here, not the call's at its end, where the other
-        threads would wait (2 ms of each 512-document call; bench/, tokenization)."""
+        threads would wait (2 ms of each 512-document call; bench/, tokenization). With `text`,
+        each item's text is found here too (a bad record: `_BAD`)."""
         enc, allowed = self._own().encode_to_numpy, self._allowed
         for d in order:
-            ranks = enc(texts[d], allowed_special=allowed, disallowed_special=())
+            t = items[d] if text is None else text(items[d])
+            if t is None:
+                out[d] = _BAD
+                continue
+            ranks = enc(t, allowed_special=allowed, disallowed_special=())
             out[d] = ranks.astype(dtype) if lut is None else lut[ranks]
 
     def _lut(self, dtype: np.dtype) -> np.ndarray | None:
@@ -188,6 +201,22 @@ class FastEngine:
 
     def encode(self, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """All documents' HF ids concatenated in `dtype`, and each document's length (int32)."""
+        ids, lengths, _ = self.encode_items(texts, dtype)
+        return ids, lengths
+
+    def encode_items(
+        self,
+        items: Sequence[Any],
+        dtype: np.dtype,
+        text: Callable[[Any], str | None] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(HF ids of the items' documents concatenated in `dtype`, each document's length
+        (int32), which items are documents). Without `text` the items are the texts (all of
+        them documents: None in place of the last). With it, the pool thread that encodes an
+        item finds its text first (None: a bad record, left out): a JSON line's parse then
+        runs between other documents' encodes, a few us of the GIL at a time, where a whole
+        chunk's lines parsed before the call held the GIL for milliseconds while the pool's
+        threads waited (bench/, tokenization)."""
         with self._pool_lock:
             # A forked child inherits the pool object but none of its threads.
             if self._pool is None or self._pool_pid != os.getpid():
@@ -195,18 +224,23 @@ class FastEngine:
                 self._pool_pid = os.getpid()
                 self._drop_copies()  # a forked child's threads have none yet
         pool = self._pool
-        arrays: list[np.ndarray | None] = [None] * len(texts)
+        arrays: list[np.ndarray | None] = [None] * len(items)
         # Longest first, each thread taking the next document as it is free: the call's last
         # moments are its shortest documents, so no thread waits long for another at its end
         # (tasks of up to 32 documents, largest first, left about 1 ms of each 512-document
-        # call to one thread alone; bench/, tokenization).
-        order = iter(sorted(range(len(texts)), key=lambda d: -len(texts[d])))
-        args = (texts, order, arrays, self._lut(np.dtype(dtype)), dtype)
+        # call to one thread alone; bench/, tokenization). An item's size stands for its
+        # text's (a JSON line's is its text's and a few bytes).
+        order = iter(sorted(range(len(items)), key=lambda d: -len(items[d])))
+        args = (items, text, order, arrays, self._lut(np.dtype(dtype)), dtype)
         for f in [pool.submit(self._drain, *args) for _ in range(self._threads)]:
             f.result()
-        done = [a for a in arrays if a is not None]
-        if len(done) != len(texts):  # every thread ended without error: cannot be
-            raise RuntimeError(f"{len(texts) - len(done)} of {len(texts)} documents not encoded")
+        encoded = [a for a in arrays if a is not None]
+        if len(encoded) != len(items):  # every thread ended without error: cannot be
+            raise RuntimeError(f"{len(items) - len(encoded)} of {len(items)} documents not encoded")
+        good = None
+        if text is not None:
+            good = np.fromiter((a is not _BAD for a in encoded), dtype=bool, count=len(encoded))
+        done = [a for a in encoded if a is not _BAD]
         lengths = np.fromiter((a.size for a in done), dtype=np.int32, count=len(done))
         ids = np.concatenate(done) if done else np.zeros(0, dtype=dtype)
-        return ids, lengths
+        return ids, lengths, good

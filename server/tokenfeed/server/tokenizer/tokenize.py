@@ -29,6 +29,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from tokenfeed.server.errors import ConfigError
@@ -37,6 +38,7 @@ from tokenfeed.server.tokenizer import fasttok
 from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # Which engine encodes, and why: a logger of its own, to follow (or silence) on its own.
 engine_log = logging.getLogger(__name__ + ".engine")
 
@@ -193,6 +195,46 @@ class TextTokenizer:
         if not token_parts:
             return np.zeros(0, dtype=self.dtype), np.zeros(0, dtype=np.int32)
         return np.concatenate(token_parts), np.concatenate(length_parts)
+
+    def encode_items(
+        self,
+        items: list[T],
+        text: Callable[[T], str | None],
+        between_batches: Callable[[], None] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`encode` of the items' texts (`text(item)`; None: a bad record, not a document):
+        (tokens, lengths, which items are documents). The tiktoken engine finds each text on
+        the pool thread that encodes it (fasttok.FastEngine.encode_items), once the job's
+        first documents agreed with HF; before that, and with HF, the texts are found here
+        first. Same ids either way."""
+        token_parts, length_parts, good_parts = [], [], []
+        i = 0
+        while i < len(items):
+            if between_batches is not None:
+                between_batches()
+            step = self.batch_docs
+            piece = items[i : i + step]
+            fast = self._fast
+            if fast is not None and self._checked():
+                tokens, lengths, good = fast.encode_items(piece, self.dtype, text)
+                if good is None:  # cannot be: `text` was given
+                    raise RuntimeError("the tiktoken engine said nothing of the items")
+            else:
+                texts = [text(item) for item in piece]
+                good = np.fromiter((t is not None for t in texts), dtype=bool, count=len(texts))
+                tokens, lengths = self.encode([t for t in texts if t is not None])
+            token_parts.append(tokens)
+            length_parts.append(lengths)
+            good_parts.append(good)
+            i += step
+        if not token_parts:
+            empty = np.zeros(0, dtype=np.int32)
+            return np.zeros(0, dtype=self.dtype), empty, np.zeros(0, dtype=bool)
+        return (
+            np.concatenate(token_parts),
+            np.concatenate(length_parts),
+            np.concatenate(good_parts),
+        )
 
     def release_engine(self) -> None:
         """Let go of what the tiktoken engine's threads keep for the next encode (their own
