@@ -188,7 +188,7 @@ class FastEngine:
                 out[d] = _BAD
                 continue
             ranks = enc(t, allowed_special=allowed, disallowed_special=())
-            out[d] = ranks.astype(dtype) if lut is None else lut[ranks]
+            out[d] = ranks.astype(dtype) if lut is None else lut.take(ranks)
 
     def _lut(self, dtype: np.dtype) -> np.ndarray | None:
         """HF's id of each rank in `dtype`; None where they are the ranks."""
