@@ -20,7 +20,7 @@ def test_guide_cites_only_measured_figures():
     """Sizing figures in the guide are the README's `make bench` figures."""
     guide = " ".join(GUIDE.read_text().split())
     readme = (ROOT / "README.md").read_text()
-    figures = ("4.02 MB/s", "15.47 MB/s", "161.8 M tokens/s", "312.7 M", "4.49 MB/s", "19.15 MB/s")
+    figures = ("4.58 MB/s", "17.54 MB/s", "161.8 M tokens/s", "312.7 M", "4.87 MB/s", "20.45 MB/s")
     for figure in figures:
         assert figure in guide and figure in readme, figure
     assert "make bench" in guide and "2-core machine" in guide
@@ -93,6 +93,22 @@ def test_readme_serving_figures_are_the_recorded_run():
         f for row in table for f in re.findall(r"\b\d+\.\d+\b(?!x)", row) if f not in ("0.6", "0.8")
     ]
     assert len(figures) > 40, figures
+    for figure in figures:
+        assert figure in first, figure
+
+
+def test_readme_tokenization_figures_are_the_recorded_run():
+    """The README's tokenization table is bench/results/tokenization-2core.txt's first run (up
+    to the next run's heading): every rate and ratio of its rows is in that output (targets
+    aside)."""
+    readme = (ROOT / "README.md").read_text()
+    recorded = (ROOT / "bench" / "results" / "tokenization-2core.txt").read_text()
+    first = recorded[: recorded.index("\nThe run before")]
+    start = readme.index("| measure | tokenfeed | bare engine | ratio (target) |")
+    table = readme[start : readme.index("\n\n", start)].splitlines()[2:]
+    assert len(table) == 6, table
+    figures = [f for row in table for f in re.findall(r"\b\d+\.\d+\b", row) if f != "0.9"]
+    assert len(figures) == 21, figures
     for figure in figures:
         assert figure in first, figure
 
