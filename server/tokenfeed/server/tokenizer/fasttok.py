@@ -211,9 +211,9 @@ class FastEngine:
         text: Callable[[Any], str | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(HF ids of the items' documents concatenated in `dtype`, each document's length
-        (int32), which items are documents). Without `text` the items are the texts (all of
-        them documents: None in place of the last). With it, the pool thread that encodes an
-        item finds its text first (None: a bad record, left out): a JSON line's parse then
+        (int32), which items are documents). Without `text` the items are the texts, each one a
+        document, and the third is None. With it, the pool thread that encodes an item finds
+        its text first (None: a bad record, left out): a JSON line's parse then
         runs between other documents' encodes, a few us of the GIL at a time, where a whole
         chunk's lines parsed before the call held the GIL for milliseconds while the pool's
         threads waited (bench/, tokenization)."""
