@@ -3,12 +3,16 @@ build` with hf and with tiktoken, and by a server's own build with auto, is the 
 the job's fingerprint is the same.
 
 The corpus has many more documents than each process compares with HF before it trusts tiktoken
-(tokenize.PARITY_DOCS), so most of the tiktoken stores' ids are tiktoken's own.
+(tokenize.PARITY_DOCS), so most of the tiktoken stores' ids are tiktoken's own, and bad lines of
+every kind throughout: with tiktoken a chunk's lines are parsed by the engine's threads once the
+check has passed (source/jsonl.JsonLines), and the chunks' records, ids and located bad records
+(in the manifests) must be those HF's path, which parses them first, stores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import subprocess
 import sys
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import TOKENIZER, job_spec, write_config, write_jsonl
+from support import TOKENIZER, job_spec, write_config
 from tokenfeed.server.commands import democorpus
 from tokenfeed.server.jobs.stack import build_jobs
 from tokenfeed.server.settings import config as configmod
@@ -36,8 +40,13 @@ def corpus(tmp_path_factory) -> Path:
     # Two build processes compare 2 * PARITY_DOCS documents; the rest are tiktoken's alone.
     assert len(docs) > 3 * PARITY_DOCS
     root = tmp_path_factory.mktemp("backends")
-    write_jsonl(root / "a.jsonl", docs[::2])
-    write_jsonl(root / "b.jsonl", docs[1::2])
+    bad = [b'{"text": "caf\xe9"}', b'{"text": "cut', b"[1, 2]", b'{"body": "x"}', b'{"text": 7}']
+    bad += [b'{"text": ""}', b"", b"  "]
+    for name, part in (("a.jsonl", docs[::2]), ("b.jsonl", docs[1::2])):
+        lines = [json.dumps({"text": t}).encode() for t in part]
+        for k in range(len(lines) // 41, 0, -1):  # a bad line every 41 documents, each kind
+            lines.insert(41 * k, bad[k % len(bad)])
+        (root / name).write_bytes(b"\n".join(lines) + b"\n")
     return root
 
 
@@ -80,6 +89,12 @@ def test_the_store_and_the_fingerprint_do_not_depend_on_the_engine(tmp_path, cor
         assert "differs from HF" not in out, out
     expected = store_files(tmp_path / "cache-hf")
     assert sum(name.endswith(".bin") for name in expected) > 5
+    manifests = [json.loads(v) for k, v in expected.items() if k.endswith(".json")]
+    reasons = {r for m in manifests for r in m.get("bad_records", {})}
+    assert reasons == {"invalid_utf8", "malformed_json", "not_an_object", "missing_field"} | {
+        "not_text",
+        "empty",
+    }, reasons
     assert store_files(tmp_path / "cache-tiktoken") == expected
 
     # A server's own build (its tokenize threads, in-process) with auto, from an empty cache.
