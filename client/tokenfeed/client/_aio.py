@@ -15,19 +15,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
-from tokenfeed.client._attempts import Attempts, Try
+from tokenfeed.client._aiostream import AsyncStream as _Stream
+from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
-from tokenfeed.client._prefetch import FIRST_SEGMENT, WARM_STEPS, next_segment
+from tokenfeed.client._prefetch import WARM_STEPS
 from tokenfeed.client._session import batch_stub, channel_options
 from tokenfeed.client.batch import Batch
-from tokenfeed.client.errors import DeadlineExceeded
-from tokenfeed.client.moves import retire, with_moves
+from tokenfeed.client.moves import retire
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
-_END = object()
 # Decoded batches a stream's task keeps ready when `prefetch` is not given.
 AIO_DEPTH = 4
 
@@ -286,106 +285,3 @@ class AsyncClient(ClientBase):
                 warmed.close()
             if stream is not None:
                 stream.close()
-
-
-class _Stream:
-    """Steps [start, end) of one (job, rank, world size), read ahead by a task."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        job: str,
-        start: int,
-        end: int | None,
-        rank: int,
-        world: int,
-        depth: int,
-    ):
-        self.client, self.session = client, client.session
-        self.job, self.rank, self.world = job, rank, world
-        self.step, self.end = start, end  # the next step handed over; the end
-        self._fetched = start  # the next step to fetch
-        self._segment = FIRST_SEGMENT
-        self._meter = self.session.waits(job, rank) if self.session.report_waits else None
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=depth)
-        self._task = asyncio.create_task(self._pump())
-
-    async def next(self) -> Batch | None:
-        """The next batch (None after the last one)."""
-        asked = time.perf_counter()
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # and again to a caller that asks once more
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        if self._meter is not None:
-            self._meter.record(time.perf_counter() - asked)
-        self.step = item.step + 1
-        return item
-
-    def close(self) -> None:
-        self._task.cancel()
-
-    def _done(self) -> bool:
-        return self.end is not None and self._fetched >= self.end
-
-    async def _pump(self) -> None:
-        """Fill the queue from the next step on, failing over like the sync prefetcher."""
-        try:
-            attempts = Attempts(
-                self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
-            )
-            for action in attempts:
-                if isinstance(action, float):
-                    await asyncio.sleep(action)
-                    continue
-                before = self._fetched
-                stub = self.client.stub(action.addr)
-                try:
-                    await self._read(action, stub, attempts.moves)
-                except grpc.RpcError as e:
-                    if attempts.moving(action, e, progressed=self._fetched > before):
-                        await self.client.reconnect(action.addr, stub)
-                        continue
-                    attempts.failed(action, e, stream=True, progressed=self._fetched > before)
-                    continue
-                except TimeoutError:  # silent past the limit: taken for hung (see _prefetch)
-                    limit = self.session.silence_limit
-                    err = DeadlineExceeded(f"{action.addr} sent nothing for {limit:.1f}s")
-                    attempts.give_up_on(action.addr, err)
-                    if self._fetched > before:
-                        attempts.delivered()
-                    continue
-                if self._done():
-                    await self._queue.put(_END)
-                    return
-                attempts.delivered()  # a segment ended: the next one, from the top
-            raise attempts.error()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # handed to the consumer, raised there
-            await self._queue.put(e)
-
-    async def _read(self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int) -> None:
-        end = self._fetched + self._segment
-        if self.end is not None:
-            end = min(end, self.end)
-        call = stub.StreamBatches(
-            self.session.stream_request(self.job, self._fetched, end, self.rank, self.world),
-            metadata=with_moves(action.metadata, moves),
-        )
-        first, started = self._fetched, time.monotonic()
-        try:
-            while (msg := await asyncio.wait_for(call.read(), self.session.silence_limit)) is not (
-                grpc.aio.EOF
-            ):
-                batch = self.session.batch(msg, action.addr, expected_step=self._fetched)
-                await self._queue.put(batch)
-                self._fetched = batch.step + 1
-        except TimeoutError:
-            call.cancel()
-            raise
-        if self._fetched == end:
-            target = self.client.report_seconds
-            self._segment = next_segment(end - first, time.monotonic() - started, target)

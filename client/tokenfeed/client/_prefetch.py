@@ -18,11 +18,18 @@ import queue
 import threading
 import time
 from collections.abc import Generator, Iterator
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
+from tokenfeed.client._pieces import (
+    FIRST_PIECE,
+    later_metadata,
+    next_piece,
+    refused_for_room,
+    small,
+)
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.moves import with_moves
@@ -44,6 +51,7 @@ class StreamSource(Protocol):
 
 
 _END = object()
+_Piece = tuple[Any, int, int]  # a piece's call (grpc's), its first step and its end
 # Steps of a stream's first segment, and the bounds of later ones (sized to last about
 # `report_seconds` at the rate the last one ran).
 FIRST_SEGMENT, MAX_SEGMENT = 16, 1 << 16
@@ -104,8 +112,9 @@ class Prefetcher:
         self.job, self.step, self.end, self.rank, self.world = job, start, end, rank, world
         self.queue = Handoff(depth)
         self._stop = threading.Event()
-        self._call: grpc.Call | None = None
-        self._segment = FIRST_SEGMENT
+        self._calls: list[grpc.Call] = []  # the calls open (a segment's piece and the next)
+        self._segment, self._piece, self._pipelined = FIRST_SEGMENT, FIRST_PIECE, True
+        self._small = True  # the last batch a piece started with was small (_pieces.small)
         self._watchdog = _Watchdog(self.session.silence_limit, self._stop)
         self._thread: threading.Thread | None = None
         if depth:
@@ -211,33 +220,70 @@ class Prefetcher:
         raise attempts.error()
 
     def _stream(self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int) -> Iterator[Batch]:
+        """One segment, read in pieces (_pieces.py): the next piece's call opened once the one
+        being read delivers its first batch."""
         end = self.step + self._segment
         if self.end is not None:
             end = min(end, self.end)
-        request = self.session.stream_request(self.job, self.step, end, self.rank, self.world)
-        call = self._call = stub.StreamBatches(request, metadata=with_moves(action.metadata, moves))
-        self._watchdog.watch(call)
         first, started = self.step, time.monotonic()
+        later = later_metadata(action.metadata)
+        current: _Piece | None = self._open(
+            stub, self.step, end, with_moves(action.metadata, moves)
+        )
+        ahead: _Piece | None = None
         try:
-            for msg in call:
-                self._watchdog.pause()  # the trainer's time is not the server's silence
-                batch = self.session.batch(msg, action.addr, expected_step=self.step)
-                yield batch
-                if self._stop.is_set():
-                    return
-                self.step = batch.step + 1
+            while current is not None:
+                call, start, stop = current
+                reading = time.monotonic()
                 self._watchdog.watch(call)
+                try:
+                    for msg in call:
+                        self._watchdog.pause()  # the trainer's time is not the server's silence
+                        batch = self.session.batch(msg, action.addr, expected_step=self.step)
+                        if ahead is None and stop < end and self._pipelined:
+                            self._small = small(batch)
+                            if self._small:
+                                ahead = self._open(stub, stop, end, later)
+                        yield batch
+                        if self._stop.is_set():
+                            return
+                        self.step = batch.step + 1
+                        self._watchdog.watch(call)
+                except grpc.RpcError as e:
+                    if start == first or self.step != start or not refused_for_room(e):
+                        raise
+                    # A piece opened ahead found no room: again now, one call at a time.
+                    self._pipelined = False
+                    self._calls.remove(call)
+                    current = self._open(stub, self.step, end, later)
+                    continue
+                if self.step != stop or ahead is None:
+                    break  # the segment's end, or a piece the server ended early
+                self._piece = next_piece(stop - start, time.monotonic() - reading)
+                self._calls.remove(call)
+                current, ahead = ahead, None
         finally:
             self._watchdog.pause()
-            call.cancel()
+            for piece in (current, ahead):
+                if piece is not None:
+                    piece[0].cancel()
+            self._calls.clear()
         if self.step == end:
             target = self.client.report_seconds
             self._segment = next_segment(end - first, time.monotonic() - started, target)
 
+    def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> _Piece:
+        """The call of the piece from `start` (up to `end`, the segment's)."""
+        stop = min(start + self._piece, end) if self._pipelined and self._small else end
+        request = self.session.stream_request(self.job, start, stop, self.rank, self.world)
+        call = stub.StreamBatches(request, metadata=metadata)
+        self._calls.append(call)
+        return call, start, stop
+
     def close(self) -> None:
         self._stop.set()
-        if self._call is not None:
-            self._call.cancel()
+        for call in list(self._calls):
+            call.cancel()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
