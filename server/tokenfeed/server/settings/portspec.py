@@ -101,9 +101,10 @@ class LimitsSpec:
             Integer(minimum=1),
             doc="calls in flight at once, unary calls and open streams together "
             "(`maximum_concurrent_rpcs` of the gRPC server); a call past it gets "
-            "`RESOURCE_EXHAUSTED` at once, which the client library does not retry. Also what "
-            "bounds the memory of stalled streams ([limits](#limits)); set it to at least the "
-            "ranks served × 2 (a stream and a retry)",
+            "`RESOURCE_EXHAUSTED` at once, which the client library does not retry (but for "
+            "the next piece of a stream of small batches, opened again once the piece before "
+            "it has ended). Also what bounds the memory of stalled streams ([limits](#limits)); "
+            "set it to at least the ranks served × 3 (a stream's two pieces and a retry)",
             why="holds one stream per rank of a large run on one process with room for retries",
         ),
     )
