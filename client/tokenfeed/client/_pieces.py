@@ -1,14 +1,14 @@
 """A stream segment read as consecutive calls, two open at once (both clients' streams).
 
-A serving thread hands gRPC one message of a call at a time. Over one long call a lone
-server's messages of [8, 2048] went out a median of 59 us apart, and 26-28 us apart over calls
-of 192 steps read one after another (bare stubs; the server's send times): short calls are
-what gains. So each segment (_prefetch.py) is read as consecutive StreamBatches calls
-("pieces") of about PIECE_SECONDS each, FIRST_PIECE steps at least, and the next piece's call is
-opened as soon as the piece before it delivers its first batch, so that its start (its request,
-the server's first plan and group) overlaps the piece being read. One consumer of [8, 2048]
-through bare stubs read 0.79 of the bare transport so (pieces of 192 steps), 0.76 with calls of
-192 steps one after another and 0.61 with one call (medians of 4 alternating rounds, a /tmp harness);
+A serving thread hands gRPC one message of a call at a time. Over one long call a lone server's
+messages of [8, 2048] went out a median of 59 us apart, and 26-28 us apart over calls of 192
+steps read one after another (bare stubs; the server's send times): short calls are what gains.
+So each segment (_prefetch.py) is read as consecutive StreamBatches calls ("pieces") of about
+PIECE_SECONDS each, FIRST_PIECE steps at least, and the next piece's call is opened as soon as
+the piece before it delivers its first batch, so that its start (its request, the server's
+first plan and group) overlaps the piece being read. One consumer of [8, 2048] through bare
+stubs read 0.79 of the bare transport so (pieces of 192 steps), 0.76 with calls of 192 steps
+one after another and 0.61 with one call (medians of 4 alternating rounds, a /tmp harness);
 through the `Client`, 0.638 against 0.567 with one call a segment (8 rounds). The batches are
 the same, in the same order: a piece starts where the one before it ended, and a piece that
 ends early ends its segment (the next segment starts from the next step due).
