@@ -11,13 +11,7 @@ from typing import Protocol
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._pieces import (
-    FIRST_PIECE,
-    later_metadata,
-    next_piece,
-    refused_for_room,
-    small,
-)
+from tokenfeed.client._pieces import Pieces, later_metadata
 from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
@@ -59,8 +53,7 @@ class AsyncStream:
         self.job, self.rank, self.world = job, rank, world
         self.step, self.end = start, end  # the next step handed over; the end
         self._fetched = start  # the next step to fetch
-        self._segment, self._piece, self._pipelined = FIRST_SEGMENT, FIRST_PIECE, True
-        self._small = True  # the last batch a piece started with was small (_pieces.small)
+        self._segment, self._pieces = FIRST_SEGMENT, Pieces()
         self._meter = self.session.waits(job, rank) if self.session.report_waits else None
         self._queue: asyncio.Queue = asyncio.Queue(maxsize=depth)
         self._task = asyncio.create_task(self._pump())
@@ -143,21 +136,18 @@ class AsyncStream:
                         grpc.aio.EOF
                     ):
                         batch = self.session.batch(msg, action.addr, expected_step=self._fetched)
-                        if ahead is None and stop < end and self._pipelined:
-                            self._small = small(batch)
-                            if self._small:
-                                ahead = self._open(stub, stop, end, later)
+                        if ahead is None and self._pieces.open_next(batch, stop, end):
+                            ahead = self._open(stub, stop, end, later)
                         await self._queue.put(batch)
                         self._fetched = batch.step + 1
                 except grpc.RpcError as e:
-                    if start == first or self._fetched != start or not refused_for_room(e):
+                    if not self._pieces.refused(e, start, first, self._fetched):
                         raise
-                    self._pipelined = False  # a piece opened ahead found no room: one at a time
-                    current = self._open(stub, self._fetched, end, later)
+                    current = self._open(stub, self._fetched, end, later)  # one at a time now
                     continue
                 if self._fetched != stop or ahead is None:
                     break  # the segment's end, or a piece the server ended early
-                self._piece = next_piece(stop - start, time.monotonic() - reading)
+                self._pieces.read(start, stop, time.monotonic() - reading)
                 current, ahead = ahead, None
         finally:
             for piece in (current, ahead):
@@ -169,6 +159,6 @@ class AsyncStream:
 
     def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> tuple:
         """(the call, its first step, its end) of the piece from `start` (up to `end`)."""
-        stop = min(start + self._piece, end) if self._pipelined and self._small else end
+        stop = self._pieces.stop(start, end)
         request = self.session.stream_request(self.job, start, stop, self.rank, self.world)
         return stub.StreamBatches(request, metadata=metadata), start, stop

@@ -67,3 +67,37 @@ def refused_for_room(error: Any) -> bool:
         return getattr(error.code(), "name", "") == "RESOURCE_EXHAUSTED"
     except Exception:  # noqa: BLE001 - not a call's error
         return False
+
+
+class Pieces:
+    """A stream's pieces (both clients'): how long the next one is, and whether the next one is
+    opened ahead."""
+
+    def __init__(self) -> None:
+        self.steps = FIRST_PIECE  # of the next piece (but a segment's last)
+        self.ahead = True  # False once a piece opened ahead found no room
+        self.small = True  # the last batch a piece started with was small (`small`)
+
+    def stop(self, start: int, end: int) -> int:
+        """Where the piece from `start` ends, within its segment's `end`."""
+        return min(start + self.steps, end) if self.ahead and self.small else end
+
+    def open_next(self, batch: Any, stop: int, end: int) -> bool:
+        """At the first batch of the piece that ends at `stop`: whether to open the next one."""
+        if stop >= end or not self.ahead:
+            return False
+        self.small = small(batch)
+        return self.small
+
+    def refused(self, error: Any, start: int, first: int, step: int) -> bool:
+        """Whether the failed piece from `start` (its segment's from `first`; `step` the next one
+        due) was opened ahead and refused for room before any batch: it is then opened again,
+        and no piece is opened ahead any more."""
+        if start == first or step != start or not refused_for_room(error):
+            return False
+        self.ahead = False
+        return True
+
+    def read(self, start: int, stop: int, seconds: float) -> None:
+        """The piece [start, stop) was read whole in `seconds`: the next one's length."""
+        self.steps = next_piece(stop - start, seconds)

@@ -23,13 +23,7 @@ from typing import Any, Protocol, cast
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._pieces import (
-    FIRST_PIECE,
-    later_metadata,
-    next_piece,
-    refused_for_room,
-    small,
-)
+from tokenfeed.client._pieces import Pieces, later_metadata
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.moves import with_moves
@@ -113,8 +107,7 @@ class Prefetcher:
         self.queue = Handoff(depth)
         self._stop = threading.Event()
         self._calls: list[grpc.Call] = []  # the calls open (a segment's piece and the next)
-        self._segment, self._piece, self._pipelined = FIRST_SEGMENT, FIRST_PIECE, True
-        self._small = True  # the last batch a piece started with was small (_pieces.small)
+        self._segment, self._pieces = FIRST_SEGMENT, Pieces()
         self._watchdog = _Watchdog(self.session.silence_limit, self._stop)
         self._thread: threading.Thread | None = None
         if depth:
@@ -240,26 +233,22 @@ class Prefetcher:
                     for msg in call:
                         self._watchdog.pause()  # the trainer's time is not the server's silence
                         batch = self.session.batch(msg, action.addr, expected_step=self.step)
-                        if ahead is None and stop < end and self._pipelined:
-                            self._small = small(batch)
-                            if self._small:
-                                ahead = self._open(stub, stop, end, later)
+                        if ahead is None and self._pieces.open_next(batch, stop, end):
+                            ahead = self._open(stub, stop, end, later)
                         yield batch
                         if self._stop.is_set():
                             return
                         self.step = batch.step + 1
                         self._watchdog.watch(call)
                 except grpc.RpcError as e:
-                    if start == first or self.step != start or not refused_for_room(e):
+                    if not self._pieces.refused(e, start, first, self.step):
                         raise
-                    # A piece opened ahead found no room: again now, one call at a time.
-                    self._pipelined = False
-                    self._calls.remove(call)
+                    self._calls.remove(call)  # no room for it ahead: again now, one at a time
                     current = self._open(stub, self.step, end, later)
                     continue
                 if self.step != stop or ahead is None:
                     break  # the segment's end, or a piece the server ended early
-                self._piece = next_piece(stop - start, time.monotonic() - reading)
+                self._pieces.read(start, stop, time.monotonic() - reading)
                 self._calls.remove(call)
                 current, ahead = ahead, None
         finally:
@@ -274,7 +263,7 @@ class Prefetcher:
 
     def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> _Piece:
         """The call of the piece from `start` (up to `end`, the segment's)."""
-        stop = min(start + self._piece, end) if self._pipelined and self._small else end
+        stop = self._pieces.stop(start, end)
         request = self.session.stream_request(self.job, start, stop, self.rank, self.world)
         call = stub.StreamBatches(request, metadata=metadata)
         self._calls.append(call)
