@@ -2,9 +2,9 @@
 grpc.aio.
 
 `iter_batches` is an async generator; a task reads the server stream ahead into a bounded
-asyncio.Queue of `prefetch` decoded batches (4 by default), in segments like the sync
-client's (_prefetch.py), so the trainer's wait report travels with each segment's request.
-`warm` starts such a task before the trainer asks.
+asyncio.Queue of `prefetch` decoded batches (4 by default), in segments and pieces like the
+sync client's (_aiostream.py), so the trainer's wait report travels with each segment's
+request. `warm` starts such a task before the trainer asks.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ thread (`prefetch` >= 1) also decodes ahead; its bounded queue is the flow contr
 trainer falls behind, the thread stops reading, HTTP/2 windows fill, and the server stops
 producing. Either way the stream is read in segments (`end_step` set about `report_seconds`
 ahead) so each new segment's request carries the trainer's wait report (waits.py) and lands
-on the (job, rank)'s current home server, which moves when the fleet grows or shrinks.
-Failover between servers is `Attempts`' policy.
+on the (job, rank)'s current home server, which moves when the fleet grows or shrinks; a
+segment of small batches is read as several short calls, the next one opened ahead
+(_pieces.py). Failover between servers is `Attempts`' policy.
 """
 
 from __future__ import annotations
