@@ -11,7 +11,7 @@ from typing import Protocol
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._pieces import Pieces, later_metadata
+from tokenfeed.client._pieces import Piece, Pieces, later_metadata
 from tokenfeed.client._prefetch import FIRST_SEGMENT, next_segment
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
@@ -122,10 +122,10 @@ class AsyncStream:
             end = min(end, self.end)
         first, started = self._fetched, time.monotonic()
         later = later_metadata(action.metadata)
-        current: tuple | None = self._open(
+        current: Piece | None = self._open(
             stub, self._fetched, end, with_moves(action.metadata, moves)
         )
-        ahead: tuple | None = None
+        ahead: Piece | None = None
         silence = self.session.silence_limit
         try:
             while current is not None:
@@ -157,7 +157,7 @@ class AsyncStream:
             target = self.client.report_seconds
             self._segment = next_segment(end - first, time.monotonic() - started, target)
 
-    def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> tuple:
+    def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> Piece:
         """(the call, its first step, its end) of the piece from `start` (up to `end`)."""
         stop = self._pieces.stop(start, end)
         request = self.session.stream_request(self.job, start, stop, self.rank, self.world)

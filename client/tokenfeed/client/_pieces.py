@@ -26,6 +26,8 @@ from typing import Any
 
 from tokenfeed.client.waits import METADATA_KEY
 
+Piece = tuple[Any, int, int]  # a piece's call (gRPC's, sync or asyncio), its first step, its end
+
 # Steps of a segment's first piece, and the fewest of any piece but a segment's last: calls of
 # 192 steps read one after another kept a lone server's messages of [8, 2048] 26-28 us apart
 # (against 59 us over one long call), and eight ranks reading on 2 cores, each a few hundred

@@ -19,12 +19,12 @@ import queue
 import threading
 import time
 from collections.abc import Generator, Iterator
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import grpc
 from tokenfeed.client._attempts import Attempts, Try
 from tokenfeed.client._credentials import Credentials
-from tokenfeed.client._pieces import Pieces, later_metadata
+from tokenfeed.client._pieces import Piece, Pieces, later_metadata
 from tokenfeed.client._session import Session
 from tokenfeed.client.batch import Batch
 from tokenfeed.client.moves import with_moves
@@ -46,7 +46,6 @@ class StreamSource(Protocol):
 
 
 _END = object()
-_Piece = tuple[Any, int, int]  # a piece's call (grpc's), its first step and its end
 # Steps of a stream's first segment, and the bounds of later ones (sized to last about
 # `report_seconds` at the rate the last one ran).
 FIRST_SEGMENT, MAX_SEGMENT = 16, 1 << 16
@@ -221,10 +220,8 @@ class Prefetcher:
             end = min(end, self.end)
         first, started = self.step, time.monotonic()
         later = later_metadata(action.metadata)
-        current: _Piece | None = self._open(
-            stub, self.step, end, with_moves(action.metadata, moves)
-        )
-        ahead: _Piece | None = None
+        current: Piece | None = self._open(stub, self.step, end, with_moves(action.metadata, moves))
+        ahead: Piece | None = None
         try:
             while current is not None:
                 call, start, stop = current
@@ -262,7 +259,7 @@ class Prefetcher:
             target = self.client.report_seconds
             self._segment = next_segment(end - first, time.monotonic() - started, target)
 
-    def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> _Piece:
+    def _open(self, stub: pb_grpc.TokenFeedStub, start: int, end: int, metadata) -> Piece:
         """The call of the piece from `start` (up to `end`, the segment's)."""
         stop = self._pieces.stop(start, end)
         request = self.session.stream_request(self.job, start, stop, self.rank, self.world)

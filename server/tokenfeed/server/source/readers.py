@@ -163,7 +163,7 @@ def read_pieces(
     the first piece is asked for; plain and compressed JSON Lines are then parsed piece by
     piece, while Parquet and groups are parsed here too (Arrow, and parallel reads of the
     parts, are fast at that)."""
-    if chunk.parts or chunk.kind == "parquet" or chunk.kind in _LAYOUT_TEXTS:
+    if not _json_lines(chunk):
         whole = read_documents(store, chunk)
         texts, whole.texts = whole.texts, []
         n = docs_per_piece
@@ -173,10 +173,16 @@ def read_pieces(
     return docs, jsonl_pieces(store, chunk, docs, data, docs_per_piece)
 
 
+def _json_lines(chunk: Chunk) -> bool:
+    """Whether the chunk is one plain or compressed JSON Lines object (parsed piece by piece,
+    or line by line by the engine that encodes it), not Parquet, a group or another layout."""
+    return not (chunk.parts or chunk.kind == "parquet" or chunk.kind in _LAYOUT_TEXTS)
+
+
 def read_lines(store: ObjectBackend, chunk: Chunk) -> JsonLines | None:
     """A plain or compressed JSON Lines chunk's lines, read here, for an engine that parses
     them as it encodes (`JsonLines`); None for any other chunk (`read_pieces` reads it)."""
-    if chunk.parts or chunk.kind == "parquet" or chunk.kind in _LAYOUT_TEXTS:
+    if not _json_lines(chunk):
         return None
     return JsonLines(store, chunk)
 
