@@ -16,6 +16,7 @@ import grpc
 import yaml
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
+from bench import child_env
 from bench.procs import ROOT, ServerProcess
 
 SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the two shapes
@@ -113,7 +114,11 @@ def describe(address: str, job: str, env: dict | None) -> tuple[int, str]:
         "print(i['steps_per_epoch'], i['state'])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env() if env is None else env,
+        cwd=ROOT,
     ).stdout.split()
     return (int(out[0]), out[1]) if len(out) == 2 else (0, "")
 
