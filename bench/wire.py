@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from bench.wireservers import (
     RANK_SHAPE,
     SHAPES,
     bare_server,
+    before_tree,
     describe,
     job_name,
     job_shapes,
@@ -332,22 +332,6 @@ def run_round(
         case.reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
         if (spread := busiest(got["by_process"][1:])) is not None:  # after the supervisor
             case.busiest.append(spread)
-
-
-def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
-    """A worktree of commit `rev` and the environment that runs its server and client."""
-    tree = work / f"before-{rev}"
-    if not tree.exists():
-        # A worktree whose folder was deleted (bench/out cleared) stays registered: forget it.
-        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True, capture_output=True)
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(tree), rev],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-    env = child_env({"PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"})
-    return tree, env
 
 
 def run(

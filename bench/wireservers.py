@@ -135,3 +135,19 @@ def message_bytes(address: str, job: str, start: int, rank: int, world: int) -> 
         )
         sizes = [len(m) for m in call(request)]
     return round(sum(sizes) / len(sizes))
+
+
+def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
+    """A worktree of commit `rev` and the environment that runs its server and client."""
+    tree = work / f"before-{rev}"
+    if not tree.exists():
+        # A worktree whose folder was deleted (bench/out cleared) stays registered: forget it.
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    env = child_env({"PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"})
+    return tree, env
