@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tokenfeed.client import _grpcsetting
@@ -64,3 +65,24 @@ def test_a_grpcio_it_was_not_measured_on_is_left_alone():
     said, value = _run("import importlib.metadata as m; m.version = lambda name: '1.99.0'")
     assert value is None
     assert said == "left alone: grpcio 1.99 is not a version the setting was measured on"
+
+
+@pytest.mark.skipif(not _measured(), reason="the installed grpcio is not a measured version")
+def test_a_benchmarks_children_get_the_environments_value_not_its_clients():
+    """bench.child_env: the bare transport's readers keep gRPC's defaults, and each consumer's
+    client chooses for itself, though the benchmark's own process imported the client first."""
+    code = (
+        "import json, os, tokenfeed.client\n"
+        "from bench import child_env\n"
+        "print(json.dumps([os.environ.get('GRPC_EXPERIMENTS'), child_env().get('GRPC_EXPERIMENTS'),"
+        " child_env({'GRPC_EXPERIMENTS': 'x'})['GRPC_EXPERIMENTS']]))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    clean = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    for preset, expected in ((None, [_grpcsetting.POLLING_CLIENT, None, "x"]), ("", ["", "", "x"])):
+        env = clean if preset is None else {**clean, "GRPC_EXPERIMENTS": preset}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == expected
