@@ -113,6 +113,45 @@ def test_async_client_streams_and_fails_over(fleet):
     assert got == expected and len(servers) >= 2
 
 
+def test_an_asyncio_stream_leaves_a_hung_server_behind(fleet):
+    """SIGSTOP mid-run: the asyncio stream's read times out after the silence limit and the
+    stream goes on from the next server, nothing read twice or skipped."""
+    expected = reference(fleet, 0, 60)
+
+    async def run():
+        async with AsyncClient(fleet.target, job="main", timeout=9) as c:
+            home = fleet.by_address((await c.get_batch(0)).server)
+            home.proc.send_signal(signal.SIGSTOP)
+            try:
+                batches = [b async for b in c.iter_batches(0, 60)]
+            finally:
+                home.proc.send_signal(signal.SIGCONT)
+        return home.address, batches
+
+    home, batches = asyncio.run(run())
+    assert [b.fingerprint for b in batches] == expected
+    assert home not in {b.server for b in batches}
+
+
+def test_an_asyncio_consumer_slower_than_the_silence_limit_keeps_its_server(fleet):
+    """The time the asyncio stream waits for room in its queue (the trainer's time) is not the
+    server's silence: a consumer slower than the limit stays on one server."""
+    expected = reference(fleet, 0, 6)
+
+    async def run():
+        seen, servers = [], []
+        async with AsyncClient(fleet.target, job="main", attempt_timeout=0.5, prefetch=1) as c:
+            async for batch in c.iter_batches(0, 6):
+                seen.append(batch.fingerprint)
+                servers.append(batch.server)
+                await asyncio.sleep(1.2)  # a slow step, longer than the silence limit
+        return seen, servers
+
+    seen, servers = asyncio.run(run())
+    assert seen == expected
+    assert len(set(servers)) == 1, "no failover: the server was never silent while asked"
+
+
 def test_dns_target_resolves_to_the_servers(fleet):
     port = fleet.servers[1].address.rsplit(":", 1)[1]
     with Client(f"dns:///localhost:{port}", job="main") as c:
