@@ -19,6 +19,7 @@ from tokenfeed.client._aiostream import AsyncStream as _Stream
 from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
 from tokenfeed.client._client import _to_dict
+from tokenfeed.client._comeback import apause
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import WARM_STEPS
 from tokenfeed.client._session import batch_stub, channel_options
@@ -46,6 +47,11 @@ class AsyncClient(ClientBase):
             channel = self.credentials.aio_channel(addr, options)
             self._stubs[addr] = (channel, batch_stub(channel))
         return self._stubs[addr][1]
+
+    async def pause(self, seconds: float, wake_on: tuple[str, ...]) -> None:
+        """A retry's pause, ended early once one of `wake_on`'s channels comes back
+        (_comeback.py)."""
+        await apause([self._stubs[a][0] for a in wake_on if a in self._stubs], seconds)
 
     async def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None:
         """A new channel to `addr` where `stub` is still its stub (as `Client.reconnect`):
@@ -86,7 +92,7 @@ class AsyncClient(ClientBase):
         attempts = Attempts(self.session, job, rank, metadata, timeout=timeout, waits=waits)
         for action in attempts:
             if isinstance(action, float):
-                await asyncio.sleep(action)
+                await self.pause(action, attempts.wake_on)
                 continue
             try:
                 call = getattr(self.stub(action.addr), method)

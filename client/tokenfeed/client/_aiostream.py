@@ -35,6 +35,8 @@ class AsyncSource(Protocol):
 
     async def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None: ...
 
+    async def pause(self, seconds: float, wake_on: tuple[str, ...]) -> None: ...
+
 
 class AsyncStream:
     """Steps [start, end) of one (job, rank, world size), read ahead by a task."""
@@ -86,7 +88,7 @@ class AsyncStream:
             )
             for action in attempts:
                 if isinstance(action, float):
-                    await asyncio.sleep(action)
+                    await self.client.pause(action, attempts.wake_on)
                     continue
                 before = self._fetched
                 stub = self.client.stub(action.addr)

@@ -2,15 +2,15 @@
 
 `Attempts` walks the servers of the rendezvous ranking for one call (or for one stream until it
 delivers), and says what to do next: pause this long, or try this server with this timeout and
-this request metadata. The client that drives it does the sleeping and the calling, each in its
-own way (time.sleep and blocking calls, asyncio.sleep and awaits, an Event's wait in a stream
-thread), and reports back: `failed` (retryable or raised), `delivered` (progress: the deadline
-renews and the next attempt starts again from the top of the ranking).
+this request metadata. The client that drives it does the pausing (_comeback.py: ended early
+when a server whose connection was down comes back) and the calling, each in its own way
+(blocking, or awaited), and reports back: `failed` (retryable or raised), `delivered`
+(progress: the deadline renews and the next attempt starts again from the top of the ranking).
 
     attempts = Attempts(session, job, rank, credentials.metadata)
     for action in attempts:
         if isinstance(action, float):
-            sleep(action)
+            pause(action, attempts.wake_on)  # ended early if one of them comes back
             continue
         try:
             return call(action.addr, timeout=action.timeout, metadata=action.metadata)
@@ -64,18 +64,25 @@ class Attempts:
         self.last: TokenfeedClientError | None = None
         self._renewed = False
         self.moves = 0  # a crowded worker's refusals since the last progress (`moving`)
+        # The servers whose coming back may end the pause just yielded (_comeback.py): a
+        # round's servers before a backoff, none before a server's own pushback.
+        self.wake_on: tuple[str, ...] = ()
         self.deadline = time.monotonic() + self.timeout
 
     def __iter__(self) -> Iterator[Try | float]:
         while True:
             self._renewed = False
+            tried: tuple[str, ...] = ()
             for servers in self.session.rounds(self.job, self.rank, self.deadline):
                 if isinstance(servers, float):
+                    self.wake_on = tried
                     yield servers
                     continue
+                tried = tuple(servers)
                 for addr in servers:
                     pause = self.session.pause_before(addr, self.deadline)
                     if pause > 0:
+                        self.wake_on = ()
                         yield pause
                     if time.monotonic() >= self.deadline:
                         break

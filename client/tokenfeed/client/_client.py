@@ -22,6 +22,7 @@ import grpc.experimental
 from google.protobuf import json_format
 from tokenfeed.client._attempts import Attempts
 from tokenfeed.client._base import ClientBase
+from tokenfeed.client._comeback import pause
 from tokenfeed.client._plans import check_agreed, check_resume, held, held_too_long, links_of
 from tokenfeed.client._prefetch import WARM_STEPS, Prefetcher, Warmed
 from tokenfeed.client._session import batch_stub, channel_options
@@ -57,6 +58,15 @@ class Client(ClientBase):
                 channel = self.credentials.channel(addr, self._channel_options)
                 self._stubs[addr] = (channel, batch_stub(channel))
             return self._stubs[addr][1]
+
+    def pause(
+        self, seconds: float, wake_on: tuple[str, ...], stop: threading.Event | None = None
+    ) -> bool:
+        """A retry's pause, ended early once one of `wake_on`'s channels comes back
+        (_comeback.py); True if `stop` was set meanwhile."""
+        with self._lock:
+            channels = [self._stubs[a][0] for a in wake_on if a in self._stubs]
+        return pause(channels, seconds, stop)
 
     def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None:
         """A new channel to `addr` for the calls that follow, where `stub` is still its stub
@@ -107,7 +117,7 @@ class Client(ClientBase):
         attempts = Attempts(self.session, job, rank, metadata, timeout=timeout, waits=waits)
         for action in attempts:
             if isinstance(action, float):
-                time.sleep(action)
+                self.pause(action, attempts.wake_on)
                 continue
             try:
                 call = getattr(self.stub(action.addr), method)

@@ -44,6 +44,8 @@ class StreamSource(Protocol):
 
     def reconnect(self, addr: str, stub: pb_grpc.TokenFeedStub) -> None: ...
 
+    def pause(self, seconds: float, wake_on: tuple[str, ...], stop: threading.Event) -> bool: ...
+
 
 _END = object()
 # Steps of a stream's first segment, and the bounds of later ones (sized to last about
@@ -192,7 +194,7 @@ class Prefetcher:
         )
         for action in attempts:
             if isinstance(action, float):
-                if self._stop.wait(action):
+                if self.client.pause(action, attempts.wake_on, self._stop):
                     return False
                 continue
             before = self.step
