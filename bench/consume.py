@@ -24,8 +24,12 @@ import json
 import sys
 import time
 
-import grpc
+# As a trainer's script does: the client first, so that it chooses how grpc reads this process's
+# sockets (tokenfeed/client/_grpcsetting.py), for the Client and the raw stub alike.
 from tokenfeed.client import Client
+
+# isort: split
+import grpc
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import child_env
+
 POLL_SECONDS = 0.05
 # Children start from the repository root, so `python -m bench.ceiling` resolves from anywhere.
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +53,11 @@ class ServerProcess:
         with open(self.log_path, "wb") as log:
             argv = [*self.argv, "--ready-file", str(self.ready_file)]
             self._proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=child_env() if self.env is None else self.env,
             )
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import child_env
 from bench.procs import ROOT, ServerProcess
 
 
@@ -44,7 +45,7 @@ def together(argvs: list[list[str]], env: dict | None, pids: list[int]) -> tuple
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=ROOT,
-            env=env,
+            env=child_env() if env is None else env,
         )
         for argv in argvs
     ]

@@ -29,6 +29,9 @@
   buffers' memory reused, not faulted in new);
 - server CPU: user + system seconds of the server's processes over the measured streams, per
   million tokens, tokenfeed's and the bare server's;
+- the bare transport again with its readers given the Client's gRPC setting (GRPC_EXPERIMENTS,
+  tokenfeed/client/_grpcsetting.py; the reference above keeps gRPC's defaults): a second ratio
+  that says how much of a row's ratio that setting makes, which the reference could have too;
 - `--before REV`: the same rows for the server and client of an earlier commit (a git worktree
   under bench/out, its own cache), with their own bare references in the same run.
 Every side alternates with its reference round by round; ratios are medians of the rounds'
@@ -39,14 +42,15 @@ documents), tokenized with a tokenizer trained on it.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenfeed.client._grpcsetting import POLLING_CLIENT
+
+from bench import child_env
 from bench import corpus as corpusmod
 from bench.procs import ROOT, ServerProcess
 from bench.stats import median
@@ -56,6 +60,7 @@ from bench.wireservers import (
     RANK_SHAPE,
     SHAPES,
     bare_server,
+    before_tree,
     describe,
     job_name,
     job_shapes,
@@ -115,6 +120,9 @@ class Case:
     message_bytes: int = 0
     tokenfeed: list[float] = field(default_factory=list)  # aggregate tokens/s per round
     bare: list[float] = field(default_factory=list)
+    # The bare transport again, its readers with the Client's gRPC setting (GRPC_EXPERIMENTS,
+    # tokenfeed/client/_grpcsetting.py): what the same setting gives the reference.
+    bare_tuned: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # server CPU s per M tokens, per round
     bare_cpu: list[float] = field(default_factory=list)
     reader_cpu: list[float] = field(default_factory=list)  # consumers' CPU s per M tokens
@@ -136,6 +144,10 @@ class Case:
 
     def ratio(self) -> float:
         return median(self.ratios())
+
+    def ratio_tuned(self) -> float:
+        """The median of the rounds' tokenfeed / bare with the Client's gRPC setting."""
+        return median([a / b for a, b in zip(self.tokenfeed, self.bare_tuned, strict=True)])
 
     @property
     def target(self) -> float | None:
@@ -287,8 +299,14 @@ def run_round(
     per_message = case.rows * case.seq_len
     steps = max(sizes.tokens // (per_message * case.consumers), 10)
     bare = bares[(case.message_bytes, case.workers)]
-    sides = ["tokenfeed", "bare"] if r % 2 == 0 else ["bare", "tokenfeed"]
+    sides = ["tokenfeed", "bare", "tuned"] if r % 2 == 0 else ["tuned", "bare", "tokenfeed"]
     for side in sides:
+        if side == "tuned":
+            argv = read_argv(bare.address, steps, per_message)
+            tuned = child_env({"GRPC_EXPERIMENTS": POLLING_CLIENT})
+            got, _ = together([argv] * case.consumers, tuned, pids_of(bare))
+            case.bare_tuned.append(got["rate"])
+            continue
         if side == "bare":
             argv = read_argv(bare.address, steps, per_message)
             got, cpu = together([argv] * case.consumers, None, pids_of(bare))
@@ -314,22 +332,6 @@ def run_round(
         case.reader_cpu.append(got["cpu"] / (got["tokens"] / 1e6))
         if (spread := busiest(got["by_process"][1:])) is not None:  # after the supervisor
             case.busiest.append(spread)
-
-
-def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
-    """A worktree of commit `rev` and the environment that runs its server and client."""
-    tree = work / f"before-{rev}"
-    if not tree.exists():
-        # A worktree whose folder was deleted (bench/out cleared) stays registered: forget it.
-        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True, capture_output=True)
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(tree), rev],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"}
-    return tree, env
 
 
 def run(

@@ -16,6 +16,7 @@ import grpc
 import yaml
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
+from bench import child_env
 from bench.procs import ROOT, ServerProcess
 
 SHAPES = ((8, 2048), (32, 4096))  # (rows, seq_len) of one consumer: the issue's two shapes
@@ -113,7 +114,11 @@ def describe(address: str, job: str, env: dict | None) -> tuple[int, str]:
         "print(i['steps_per_epoch'], i['state'])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env() if env is None else env,
+        cwd=ROOT,
     ).stdout.split()
     return (int(out[0]), out[1]) if len(out) == 2 else (0, "")
 
@@ -130,3 +135,19 @@ def message_bytes(address: str, job: str, start: int, rank: int, world: int) -> 
         )
         sizes = [len(m) for m in call(request)]
     return round(sum(sizes) / len(sizes))
+
+
+def before_tree(work: Path, rev: str) -> tuple[Path, dict]:
+    """A worktree of commit `rev` and the environment that runs its server and client."""
+    tree = work / f"before-{rev}"
+    if not tree.exists():
+        # A worktree whose folder was deleted (bench/out cleared) stays registered: forget it.
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    env = child_env({"PYTHONPATH": f"{tree / 'server'}:{tree / 'client'}:{ROOT}"})
+    return tree, env

@@ -44,6 +44,8 @@ def table(r: WireResult, load: str = "") -> str:
                 f"{ratio:.2f}",
                 f"{min(spread):.2f}-{max(spread):.2f}",
                 "" if goal is None else f">= {goal:.2f} ({'met' if ratio >= goal else 'missed'})",
+                number(median(case.bare_tuned) / 1e6, 1),
+                f"{case.ratio_tuned():.2f}",
                 f"{median(case.cpu):.4f}",
                 f"{median(case.bare_cpu):.4f}",
                 f"{median(case.reader_cpu):.4f}",
@@ -75,12 +77,19 @@ def table(r: WireResult, load: str = "") -> str:
         "ratio",
         "rounds",
         "target",
+        "bare, grpc setting",
+        "ratio to it",
         "server CPU s/M",
         "bare server",
         "consumers CPU s/M",
         "bare readers",
     ]
     notes = (
+        "bare, grpc setting: the bare transport again, its readers started with the Client's "
+        "gRPC setting (GRPC_EXPERIMENTS=-event_engine_client, which the Client makes where it "
+        "is imported first: tokenfeed/client/_grpcsetting.py), M tokens/s; ratio to it: "
+        "tokenfeed's against that; the ratio and target columns are against the reference as "
+        "gRPC leaves it\n"
         "rounds: the lowest and highest of the rounds' ratios, how far one round moved from "
         "another on this machine\n"
         "server CPU s/M: user + system seconds of the server's processes (supervisor and "

@@ -1,8 +1,8 @@
 """A server that comes back is asked again as soon as it can be reached, not when the client's
-backoff pause would have ended (_comeback.py): sync calls, streams and the asyncio client, with
-gRPC's defaults and with the operator's opt-in (GRPC_EXPERIMENTS=-event_engine_client), where a
-channel reconnects only while polled. A pause before a server that answered (its connection
-up) is waited out in full.
+backoff pause would have ended (_comeback.py): sync calls, streams and the asyncio client, in a
+trainer's process with the client's gRPC setting (GRPC_EXPERIMENTS=-event_engine_client, where
+a channel reconnects only while polled: _grpcsetting.py) and with gRPC's defaults. A pause
+before a server that answered (its connection up) is waited out in full.
 
 A `Door` is a real gRPC server on a fixed loopback port that forwards to a real tokenfeed
 server: shut, its port refuses connections, as a restarting server's does; opened again, it
@@ -172,10 +172,10 @@ def test_a_pause_before_a_server_that_answered_is_waited_out(server):
         door.close()
 
 
-# A trainer's process with the opt-in: calls one step at a time, the door shut meanwhile.
-OPTED_IN = """
+# A trainer's process: calls one step at a time, the door shut meanwhile.
+TRAINER = """
 import json, sys, time
-from tokenfeed.client import Client
+from tokenfeed.client import Client, grpc_setting
 target = sys.argv[1]
 with Client(target, job="main", backoff=8.0, max_backoff=8.0, timeout=60.0) as c:
     fps, worst = [c.get_batch(0).fingerprint], 0.0
@@ -185,14 +185,23 @@ with Client(target, job="main", backoff=8.0, max_backoff=8.0, timeout=60.0) as c
         fps.append(c.get_batch(step).fingerprint)
         worst = max(worst, time.monotonic() - t)
         time.sleep(0.1)
-print(json.dumps({"fps": fps, "worst": worst}))
+print(json.dumps({"fps": fps, "worst": worst, "setting": grpc_setting()}))
 """
 
 
-def test_with_the_opt_in_a_server_back_is_reached_as_soon(server, door):
-    env = {**os.environ, "GRPC_EXPERIMENTS": "-event_engine_client"}
+@pytest.mark.parametrize(
+    "grpc_experiments, setting",
+    [
+        (None, "GRPC_EXPERIMENTS=-event_engine_client"),  # the client's choice
+        ("", "left alone: GRPC_EXPERIMENTS is set ('')"),  # gRPC's defaults
+    ],
+)
+def test_a_trainer_process_reaches_a_server_back_as_soon(server, door, grpc_experiments, setting):
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if grpc_experiments is not None:
+        env["GRPC_EXPERIMENTS"] = grpc_experiments
     proc = subprocess.Popen(
-        [sys.executable, "-c", OPTED_IN, door.address],
+        [sys.executable, "-c", TRAINER, door.address],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -208,5 +217,6 @@ def test_with_the_opt_in_a_server_back_is_reached_as_soon(server, door):
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     got = json.loads(out.strip().splitlines()[-1])
+    assert got["setting"].startswith(setting), got["setting"]
     assert got["fps"] == reference(server, 30)
     assert SHUT_SECONDS - 0.2 <= got["worst"] < WITHIN, got["worst"]

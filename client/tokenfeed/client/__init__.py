@@ -8,6 +8,12 @@ Light by design: imports grpcio, protobuf, numpy and xxhash only, never the serv
     batch = feed.get_batch(step, rank=rank, world_size=world_size)
 """
 
+# Before anything imports grpc: how grpc reads this process's sockets (_grpcsetting.py).
+from tokenfeed.client._grpcsetting import choose as _choose_grpc_setting
+from tokenfeed.client._grpcsetting import grpc_setting
+
+_choose_grpc_setting()
+
 from tokenfeed.client._aio import AsyncClient
 from tokenfeed.client._client import Client
 from tokenfeed.client.batch import Batch, microbatches, varlen
@@ -39,6 +45,7 @@ __all__ = [
     "TokenfeedClientError",
     "Unavailable",
     "WireError",
+    "grpc_setting",
     "keep_freed_memory",
     "microbatches",
     "varlen",
