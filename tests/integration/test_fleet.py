@@ -95,12 +95,13 @@ def test_draining_server_hands_the_stream_over(tmp_path, corpus):
         fleet.stop()
 
 
-def test_async_client_streams_and_fails_over(fleet):
+@pytest.mark.parametrize("prefetch", [None, 2])
+def test_async_client_streams_and_fails_over(fleet, prefetch):
     expected = reference(fleet, 0, STEPS)
 
     async def run():
         got, servers = [], set()
-        async with AsyncClient(fleet.target, job="main", prefetch=2) as c:
+        async with AsyncClient(fleet.target, job="main", prefetch=prefetch) as c:
             assert (await c.get_batch(5)).fingerprint == expected[5]
             async for batch in c.iter_batches(0, STEPS):
                 got.append(batch.fingerprint)
@@ -113,13 +114,15 @@ def test_async_client_streams_and_fails_over(fleet):
     assert got == expected and len(servers) >= 2
 
 
-def test_an_asyncio_stream_leaves_a_hung_server_behind(fleet):
+@pytest.mark.parametrize("prefetch", [None, 2])
+def test_an_asyncio_stream_leaves_a_hung_server_behind(fleet, prefetch):
     """SIGSTOP mid-run: the asyncio stream's read times out after the silence limit and the
-    stream goes on from the next server, nothing read twice or skipped."""
+    stream goes on from the next server, nothing read twice or skipped (read on the trainer's
+    task, and by a task ahead)."""
     expected = reference(fleet, 0, 60)
 
     async def run():
-        async with AsyncClient(fleet.target, job="main", timeout=9) as c:
+        async with AsyncClient(fleet.target, job="main", timeout=9, prefetch=prefetch) as c:
             home = fleet.by_address((await c.get_batch(0)).server)
             home.proc.send_signal(signal.SIGSTOP)
             try:
@@ -133,14 +136,17 @@ def test_an_asyncio_stream_leaves_a_hung_server_behind(fleet):
     assert home not in {b.server for b in batches}
 
 
-def test_an_asyncio_consumer_slower_than_the_silence_limit_keeps_its_server(fleet):
-    """The time the asyncio stream waits for room in its queue (the trainer's time) is not the
-    server's silence: a consumer slower than the limit stays on one server."""
+@pytest.mark.parametrize("prefetch", [None, 1])
+def test_an_asyncio_consumer_slower_than_the_silence_limit_keeps_its_server(fleet, prefetch):
+    """The time the asyncio stream waits for the trainer (to ask for the next batch, or for
+    room in its queue) is not the server's silence: a consumer slower than the limit stays on
+    one server."""
     expected = reference(fleet, 0, 6)
 
     async def run():
         seen, servers = [], []
-        async with AsyncClient(fleet.target, job="main", attempt_timeout=0.5, prefetch=1) as c:
+        options = {"attempt_timeout": 0.5, "prefetch": prefetch}
+        async with AsyncClient(fleet.target, job="main", **options) as c:
             async for batch in c.iter_batches(0, 6):
                 seen.append(batch.fingerprint)
                 servers.append(batch.server)
@@ -150,6 +156,29 @@ def test_an_asyncio_consumer_slower_than_the_silence_limit_keeps_its_server(flee
     seen, servers = asyncio.run(run())
     assert seen == expected
     assert len(set(servers)) == 1, "no failover: the server was never silent while asked"
+
+
+def test_an_asyncio_stream_reads_on_the_trainers_task_unless_asked_to_read_ahead(fleet):
+    """By default the asyncio stream starts no task: each batch is read and decoded on the
+    task that asks for it; with `prefetch` a task of its own reads ahead. The same batches."""
+    expected = reference(fleet, 0, 12)
+
+    def streams() -> int:  # tasks running a stream's own code (gRPC's calls have theirs)
+        names = (t.get_coro().__qualname__ for t in asyncio.all_tasks())
+        return sum(name.startswith("AsyncStream.") for name in names)
+
+    async def run(prefetch):
+        async with AsyncClient(fleet.target, job="main", prefetch=prefetch) as c:
+            seen, tasks = [], []
+            async for batch in c.iter_batches(0, 12):
+                seen.append(batch.fingerprint)
+                tasks.append(streams())
+        return seen, tasks
+
+    inline, ahead = asyncio.run(run(None)), asyncio.run(run(3))
+    assert inline[0] == ahead[0] == expected
+    assert set(inline[1]) == {0}, inline[1]
+    assert set(ahead[1][:8]) == {1}, ahead[1]
 
 
 def test_dns_target_resolves_to_the_servers(fleet):

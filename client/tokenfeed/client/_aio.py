@@ -1,10 +1,11 @@
 """The asyncio client: the same calls, policy (_attempts.py) and failover as `Client`, on
 grpc.aio.
 
-`iter_batches` is an async generator; a task reads the server stream ahead into a bounded
-asyncio.Queue of `prefetch` decoded batches (4 by default), in segments and pieces like the
-sync client's (_aiostream.py), so the trainer's wait report travels with each segment's
-request. `warm` starts such a task before the trainer asks.
+`iter_batches` is an async generator that reads the server stream on the trainer's own task as
+it asks for each batch (by default), or with `prefetch` >= 1 in a task ahead into a bounded
+asyncio.Queue of that many decoded batches; in segments and pieces like the sync client's
+(_aiostream.py), so the trainer's wait report travels with each segment's request. `warm`
+starts such a task before the trainer asks.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from tokenfeed.client.batch import Batch
 from tokenfeed.client.moves import retire
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
-
-# Decoded batches a stream's task keeps ready when `prefetch` is not given.
-AIO_DEPTH = 4
 
 
 class AsyncClient(ClientBase):
@@ -255,10 +253,10 @@ class AsyncClient(ClientBase):
         job: str | None = None,
         prefetch: int | None = None,
     ) -> AsyncIterator[Batch]:
-        """Steps [start_step, end_step) in order, read ahead by a background task."""
-        # A queue of at least one batch: the asyncio client always reads in its own task.
+        """Steps [start_step, end_step) in order: read on this task as they are asked for, or
+        with `prefetch` >= 1 ahead by a background task (_aiostream.py)."""
         name, depth = self._job(job), prefetch if prefetch is not None else self.prefetch
-        depth = AIO_DEPTH if depth is None else max(1, depth)
+        depth = depth or 0
         step = start_step
         warmed = self._warmed(name, rank, world_size, step)
         stream = None
@@ -272,7 +270,7 @@ class AsyncClient(ClientBase):
                         batch = await warmed.next()
                     except Exception:  # the warm stream failed: a stream of our own goes on
                         if stream is not None:
-                            stream.close()
+                            await stream.aclose()
                         stream = None
                         break
                     if batch is None:
@@ -290,4 +288,4 @@ class AsyncClient(ClientBase):
             if warmed is not None:
                 warmed.close()
             if stream is not None:
-                stream.close()
+                await stream.aclose()

@@ -1,11 +1,14 @@
-"""The asyncio client's stream: a task that reads StreamBatches ahead into a bounded
-asyncio.Queue, in segments and pieces as the sync client reads them (_prefetch.py,
-_pieces.py), failing over with the same policy (_attempts.py)."""
+"""The asyncio client's stream: StreamBatches read on the trainer's own task as it asks (the
+default), or by a task ahead into a bounded asyncio.Queue, in segments and pieces as the sync
+client reads them (_prefetch.py, _pieces.py), failing over with the same policy
+(_attempts.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import grpc
@@ -39,7 +42,8 @@ class AsyncSource(Protocol):
 
 
 class AsyncStream:
-    """Steps [start, end) of one (job, rank, world size), read ahead by a task."""
+    """Steps [start, end) of one (job, rank, world size), read on the caller's task as it asks
+    for them (`depth` 0), or ahead by a task into a queue of `depth` batches."""
 
     def __init__(
         self,
@@ -57,67 +61,105 @@ class AsyncStream:
         self._fetched = start  # the next step to fetch
         self._segment, self._pieces = FIRST_SEGMENT, Pieces()
         self._meter = self.session.waits(job, rank) if self.session.report_waits else None
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=depth)
-        self._task = asyncio.create_task(self._pump())
+        self._batches = self._stream()
+        self._ended = False
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        if depth:
+            self._queue = asyncio.Queue(maxsize=depth)
+            self._task = asyncio.create_task(self._pump())
 
     async def next(self) -> Batch | None:
         """The next batch (None after the last one)."""
         asked = time.perf_counter()
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # and again to a caller that asks once more
-            return None
-        if isinstance(item, BaseException):
-            raise item
+        if self._queue is None:
+            if self._ended:
+                return None
+            try:
+                item = await anext(self._batches)
+            except StopAsyncIteration:
+                self._ended = True
+                return None
+        else:
+            got = await self._queue.get()
+            if got is _END:
+                self._queue.put_nowait(_END)  # and again to a caller that asks once more
+                return None
+            if isinstance(got, BaseException):
+                raise got
+            item = got
         if self._meter is not None:
             self._meter.record(time.perf_counter() - asked)
         self.step = item.step + 1
         return item
 
     def close(self) -> None:
-        self._task.cancel()
+        """Stop a stream read ahead by its task (a warm start's); `aclose` stops either."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop the stream: its task cancelled, or its calls cancelled where it is read on the
+        caller's task."""
+        self._ended = True
+        if self._task is not None:
+            self._task.cancel()
+        elif not getattr(self._batches, "ag_running", False):  # else its reader ends it
+            await self._batches.aclose()
 
     def _done(self) -> bool:
         return self.end is not None and self._fetched >= self.end
 
     async def _pump(self) -> None:
-        """Fill the queue from the next step on, failing over like the sync prefetcher."""
+        """The read-ahead task: the batches into the queue, then the end or the error."""
+        assert self._queue is not None
         try:
-            attempts = Attempts(
-                self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
-            )
-            for action in attempts:
-                if isinstance(action, float):
-                    await self.client.pause(action, attempts.wake_on)
-                    continue
-                before = self._fetched
-                stub = self.client.stub(action.addr)
-                try:
-                    await self._read(action, stub, attempts.moves)
-                except grpc.RpcError as e:
-                    if attempts.moving(action, e, progressed=self._fetched > before):
-                        await self.client.reconnect(action.addr, stub)
-                        continue
-                    attempts.failed(action, e, stream=True, progressed=self._fetched > before)
-                    continue
-                except TimeoutError:  # silent past the limit: taken for hung (see _prefetch)
-                    limit = self.session.silence_limit
-                    err = DeadlineExceeded(f"{action.addr} sent nothing for {limit:.1f}s")
-                    attempts.give_up_on(action.addr, err)
-                    if self._fetched > before:
-                        attempts.delivered()
-                    continue
-                if self._done():
-                    await self._queue.put(_END)
-                    return
-                attempts.delivered()  # a segment ended: the next one, from the top
-            raise attempts.error()
+            async with contextlib.aclosing(self._batches) as batches:  # cancelled: calls too
+                async for batch in batches:
+                    await self._queue.put(batch)
+            await self._queue.put(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # handed to the consumer, raised there
             await self._queue.put(e)
 
-    async def _read(self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int) -> None:
+    async def _stream(self) -> AsyncGenerator[Batch, None]:
+        """The batches from the next step on, failing over like the sync prefetcher."""
+        attempts = Attempts(
+            self.session, self.job, self.rank, self.client.credentials.metadata, waits=True
+        )
+        for action in attempts:
+            if isinstance(action, float):
+                await self.client.pause(action, attempts.wake_on)
+                continue
+            before = self._fetched
+            stub = self.client.stub(action.addr)
+            try:
+                # Closed with the stream: the segment's calls are cancelled at once.
+                async with contextlib.aclosing(self._read(action, stub, attempts.moves)) as read:
+                    async for batch in read:
+                        yield batch
+            except grpc.RpcError as e:
+                if attempts.moving(action, e, progressed=self._fetched > before):
+                    await self.client.reconnect(action.addr, stub)
+                    continue
+                attempts.failed(action, e, stream=True, progressed=self._fetched > before)
+                continue
+            except TimeoutError:  # silent past the limit: taken for hung (see _prefetch)
+                limit = self.session.silence_limit
+                err = DeadlineExceeded(f"{action.addr} sent nothing for {limit:.1f}s")
+                attempts.give_up_on(action.addr, err)
+                if self._fetched > before:
+                    attempts.delivered()
+                continue
+            if self._done():
+                return
+            attempts.delivered()  # a segment ended: the next one, from the top
+        raise attempts.error()
+
+    async def _read(
+        self, action: Try, stub: pb_grpc.TokenFeedStub, moves: int
+    ) -> AsyncGenerator[Batch, None]:
         """One segment, read in pieces as the sync client reads it (_pieces.py)."""
         end = self._fetched + self._segment
         if self.end is not None:
@@ -128,31 +170,27 @@ class AsyncStream:
             stub, self._fetched, end, with_moves(action.metadata, moves)
         )
         ahead: Piece | None = None
-        silence, loop = self.session.silence_limit, asyncio.get_running_loop()
+        silence = self.session.silence_limit
         try:
             while current is not None:
                 call, start, stop = current
                 reading = time.monotonic()
                 try:
-                    # The server's silence is timed while a message is awaited, never while the
-                    # queue is full (the trainer's time): one timeout rescheduled around each
-                    # read, where asyncio.wait_for made a task a message (eight consumers of
-                    # [8, 2048] ranks: 0.0087-0.0089 CPU s per M tokens against 0.0101-0.0103,
-                    # docs/client.md). TimeoutError when it expires.
-                    async with asyncio.timeout(None) as quiet:
-                        while True:
-                            quiet.reschedule(loop.time() + silence)
+                    while True:
+                        # The server's silence is timed while a message is awaited, never while
+                        # the trainer holds the stream (TimeoutError when it expires): a timeout
+                        # a read, on whichever task reads (asyncio.wait_for made a task a
+                        # message: eight consumers of [8, 2048] ranks 0.0101-0.0103 CPU s per M
+                        # tokens against 0.0087-0.0089, docs/client.md).
+                        async with asyncio.timeout(silence):
                             msg = await call.read()
-                            quiet.reschedule(None)
-                            if msg is grpc.aio.EOF:
-                                break
-                            batch = self.session.batch(
-                                msg, action.addr, expected_step=self._fetched
-                            )
-                            if ahead is None and self._pieces.open_next(batch, stop, end):
-                                ahead = self._open(stub, stop, end, later)
-                            await self._queue.put(batch)
-                            self._fetched = batch.step + 1
+                        if msg is grpc.aio.EOF:
+                            break
+                        batch = self.session.batch(msg, action.addr, expected_step=self._fetched)
+                        if ahead is None and self._pieces.open_next(batch, stop, end):
+                            ahead = self._open(stub, stop, end, later)
+                        yield batch
+                        self._fetched = batch.step + 1
                 except grpc.RpcError as e:
                     if not self._pieces.refused(e, start, first, self._fetched):
                         raise

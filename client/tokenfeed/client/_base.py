@@ -57,9 +57,9 @@ class ClientBase:
         """`target`: "host:port", "h1:p,h2:p" or "dns:///name:port"; `job`: the default job
         of every call. `timeout`: overall seconds per call (or per stream without progress);
         `attempt_timeout`: per server, and the longest a stream may stay silent (None: a third
-        of `timeout`); `prefetch`: decoded batches a stream reads ahead (None: the
-        sync client reads on the trainer's thread, as the trainer asks, while gRPC receives
-        ahead; the asyncio client keeps 4 in its task); `verify`: check each batch's
+        of `timeout`); `prefetch`: decoded batches a stream reads ahead (None or 0:
+        read on the trainer's thread or task, as the trainer asks, while gRPC receives ahead;
+        N >= 1: a thread, or a task, keeps N decoded); `verify`: check each batch's
         fingerprint; `backoff`/`max_backoff`: seconds between rounds of servers;
         `suspect_seconds`: how long a failed server goes to the back of the ranking;
         `max_pushback`: the longest a server's retry pushback is obeyed; `keepalive_seconds`
