@@ -16,6 +16,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+from forward import Forwarder
 from support import FleetProcesses, job_spec
 from tokenfeed.client import AsyncClient, Client, Unavailable
 from tokenfeed.client.fleet import rendezvous
@@ -28,18 +29,15 @@ SERVER_PING_POLICY = [
 ]
 
 
-class Front(pb_grpc.TokenFeedServicer):
+class Front(Forwarder):
     """Answers the first `pushbacks` calls UNAVAILABLE with a pushback of `pushback_ms`, holds
     each later call `busy_seconds` in a busy loop, then forwards it to `upstream`."""
 
     def __init__(self, upstream: str, pushbacks=0, pushback_ms=0, busy_seconds=0.0):
+        super().__init__(upstream)
         self.pushbacks, self.pushback_ms, self.busy_seconds = pushbacks, pushback_ms, busy_seconds
         self.calls: list[float] = []  # when each call arrived (time.monotonic)
         self._lock = threading.Lock()
-        self._channel = grpc.insecure_channel(
-            upstream, options=[("grpc.max_receive_message_length", 1 << 30)]
-        )
-        self._stub = pb_grpc.TokenFeedStub(self._channel)
         self.server = grpc.server(futures.ThreadPoolExecutor(8), options=SERVER_PING_POLICY)
         pb_grpc.add_TokenFeedServicer_to_server(self, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -57,20 +55,12 @@ class Front(pb_grpc.TokenFeedServicer):
         while time.monotonic() < end:  # CPU-bound, like a server tokenizing
             sum(range(1000))
 
-    def GetBatch(self, request, context):
-        self._gate(context)
-        return self._stub.GetBatch(request)
-
-    def StreamBatches(self, request, context):
-        self._gate(context)
-        yield from self._stub.StreamBatches(request)
-
     def gaps(self) -> list[float]:
         return [b - a for a, b in zip(self.calls, self.calls[1:], strict=False)]
 
     def stop(self) -> None:
         self.server.stop(None)
-        self._channel.close()
+        self.close_upstream()
 
 
 @pytest.fixture(scope="module")

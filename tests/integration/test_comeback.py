@@ -22,6 +22,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+from forward import Forwarder
 from tokenfeed.client import AsyncClient, Client
 from tokenfeed.v1 import tokenfeed_pb2_grpc as pb_grpc
 
@@ -30,15 +31,12 @@ SHUT_SECONDS = 1.0
 WITHIN = 3.5  # seconds from shutting the door to the answer (a full pause: 4 s at least)
 
 
-class Door(pb_grpc.TokenFeedServicer):
+class Door(Forwarder):
     """Forwards to `upstream` on one port; `refusals` calls are answered UNAVAILABLE first."""
 
     def __init__(self, upstream: str, refusals: int = 0):
+        super().__init__(upstream)
         self.refusals, self.calls = refusals, []
-        self._channel = grpc.insecure_channel(
-            upstream, options=[("grpc.max_receive_message_length", 1 << 30)]
-        )
-        self._stub = pb_grpc.TokenFeedStub(self._channel)
         self.port = 0
         self.server: grpc.Server | None = None
         self.open()
@@ -72,29 +70,10 @@ class Door(pb_grpc.TokenFeedServicer):
             self.refusals -= 1
             context.abort(grpc.StatusCode.UNAVAILABLE, "not now")
 
-    def GetBatch(self, request, context):
-        self._gate(context)
-        return self._stub.GetBatch(request)
-
-    def StreamBatches(self, request, context):
-        self._gate(context)
-        yield from self._stub.StreamBatches(request)
-
     def close(self) -> None:
         if self.server is not None:
             self.server.stop(None)
-        self._channel.close()
-
-
-def _forward(method: str):
-    def call(self, request, context):
-        return getattr(self._stub, method)(request)
-
-    return call
-
-
-for _method in ("DescribeJob", "ListJobs", "Explain", "GetPlan", "AmendPlan"):
-    setattr(Door, _method, _forward(_method))
+        self.close_upstream()
 
 
 @pytest.fixture
