@@ -62,7 +62,6 @@ class AsyncStream:
         self._segment, self._pieces = FIRST_SEGMENT, Pieces()
         self._meter = self.session.waits(job, rank) if self.session.report_waits else None
         self._batches = self._stream()
-        self._ended = False
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         if depth:
@@ -73,12 +72,9 @@ class AsyncStream:
         """The next batch (None after the last one)."""
         asked = time.perf_counter()
         if self._queue is None:
-            if self._ended:
-                return None
             try:
                 item = await anext(self._batches)
-            except StopAsyncIteration:
-                self._ended = True
+            except StopAsyncIteration:  # ended, failed before or closed: it stays so
                 return None
         else:
             got = await self._queue.get()
@@ -101,7 +97,6 @@ class AsyncStream:
     async def aclose(self) -> None:
         """Stop the stream: its task cancelled, or its calls cancelled where it is read on the
         caller's task."""
-        self._ended = True
         if self._task is not None:
             self._task.cancel()
         elif not getattr(self._batches, "ag_running", False):  # else its reader ends it

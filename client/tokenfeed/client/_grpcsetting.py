@@ -6,11 +6,12 @@ EventEngine client (the experiment `event_engine_client` turned off), the thread
 a message polls the socket itself. On 2 cores, eight consumer processes reading the ranks of one
 [64, 2048] job spent 0.0046-0.0050 CPU s per million tokens instead of 0.0065-0.0067 and read
 0.59-0.61 of the bare transport instead of 0.48-0.53; one consumer of [8, 2048] 0.0020-0.0021
-instead of 0.0031-0.0032 (alternating rounds of a /tmp harness). In `bench.wire` (the README's
-serving table) one consumer of [32, 4096] read more (0.51 of the transport against 0.42) but
-spent more CPU (0.0016 s per M tokens against 0.0012): a large message's read loses the overlap
-it had on gRPC's thread. The setting is grpc's, process-wide, and read when grpc is imported:
-so the client sets it where it is imported first, never otherwise.
+instead of 0.0031-0.0032 (alternating rounds of a /tmp harness). In `bench.wire --before
+d3dd495` at 9ee14a8 (the README's serving table), eight ranks 0.58 against 0.46; one consumer of
+[32, 4096] read more (0.51 of the transport against 0.41) but spent more CPU (0.0016 s per M
+tokens against 0.0012): a large message's read loses the overlap it had on gRPC's thread. The
+setting is grpc's, process-wide, and read when grpc is imported: so the client sets it where it
+is imported first, never otherwise.
 
 It is left alone (`grpc_setting` says why) when grpc was imported before tokenfeed.client (too
 late to take effect), when `GRPC_EXPERIMENTS` is already set (the operator's choice wins: set it,
