@@ -123,6 +123,20 @@ def test_a_phase_may_change_the_packing_and_says_so_only_where_it_differs():
     assert [p.get("packing") for p in stored["phases"]] == [None, None, "concat", "concat", None]
 
 
+def test_a_phase_ends_where_the_next_one_starts():
+    plan = DataPlan.from_spec(
+        spec(
+            schedule=[
+                {"start_step": 30, "global_batch_size": 16},
+                {"start_step": 45, "global_batch_size": 8},
+            ]
+        )
+    )
+    assert [plan.phase_end(s) for s in (0, 29, 30, 44)] == [30, 30, 45, 45]
+    assert plan.phase_end(45) is None and plan.phase_end(10**9) is None
+    assert DataPlan.from_spec(spec()).phase_end(0) is None
+
+
 def test_the_log_round_trips_and_the_config_merges_into_it():
     s = spec()
     log = new_log(s, "tf.yaml")

@@ -85,6 +85,12 @@ class DataPlan:
             lo, hi = (mid, hi) if self.phases[mid].start_step <= step else (lo, mid)
         return lo
 
+    def phase_end(self, step: int) -> int | None:
+        """The first step of the phase after the one in force at `step` (None: it is the
+        last)."""
+        k = self.phase_at(step) + 1
+        return self.phases[k].start_step if k < len(self.phases) else None
+
     def known(self, k: int) -> int:
         """Datasets known at phase k."""
         return len(self.phases[k].weights)

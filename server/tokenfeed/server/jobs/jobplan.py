@@ -107,6 +107,9 @@ class JobPlan:
     def same_phase(self, a: int, b: int) -> bool:
         return self.plan.phase_at(a) == self.plan.phase_at(b)
 
+    def phase_end(self, step: int) -> int | None:
+        return self.plan.phase_end(step)
+
     def step_limit(self, max_step: int) -> int:
         """The first step past the servable ones: every row's stream units stay below
         `max_step` in every phase."""

@@ -141,11 +141,17 @@ class Planner:
         """One plan of one rank's batches of several steps of the same batch size, their rows
         one step after another: each dataset's rows are located in one pass (a stream's next
         steps pay the per-call costs once). NotBuiltError while a row is not built yet."""
-        for step in steps:
-            self.check_request(step, rank, world_size)
+        lo, hi = min(steps), max(steps)
+        self.check_request(lo, rank, world_size)
+        self.check_request(hi, rank, world_size)
         per_rank = self.schedule.batch_size(steps[0]) // world_size
-        if any(self.schedule.batch_size(step) // world_size != per_rank for step in steps):
-            raise ValueError(f"steps {steps} have different batch sizes")
+        # Phases are intervals of steps: steps between two of one phase are requests as good
+        # as theirs, of its batch size (a stream's pass: checked once, not step by step).
+        if self.schedule.plan_at(lo) is not self.schedule.plan_at(hi):
+            for step in steps:
+                self.check_request(step, rank, world_size)
+            if any(self.schedule.batch_size(step) // world_size != per_rank for step in steps):
+                raise ValueError(f"steps {steps} have different batch sizes")
         datasets, dataset_rows = self.schedule.rows_at(steps, rank * per_rank, per_rank)
         parts = []
         for d in dict.fromkeys(datasets.tolist()):  # distinct, in order; cheap when small

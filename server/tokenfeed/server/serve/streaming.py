@@ -172,14 +172,12 @@ class BatchMaker:
             job builds (each step goes as soon as its own rows are built). The plan is made
             final through the steps the pass may take first."""
             await plans.through(min(first + PLAN_STEPS, end) - 1, self.io)
-            steps, most = [first], plan_group(job.schedule.batch_size(first) // world_size)
+            most = plan_group(job.schedule.batch_size(first) // world_size)
             if job.state != READY:
                 most = 1
-            while len(steps) < most and steps[-1] + 1 < end:
-                if not plans.same_phase(first, steps[-1] + 1):
-                    break
-                steps.append(steps[-1] + 1)
-            return steps
+            phase_end = plans.phase_end(first)
+            stop = min(first + most, end)
+            return list(range(first, stop if phase_end is None else min(stop, phase_end)))
 
         async def produce() -> None:
             ahead: asyncio.Task | None = None
