@@ -20,8 +20,8 @@ STALLED = 300
 SEQ_LEN, BATCH = 4096, 32
 # What one stalled stream may hold (serve/streaming.py `Ahead`, stream_ahead 2): the group being
 # sent and the serialized copy of its message in gRPC, fewer than stream_ahead batches and a
-# group queued; a group is three of these batches (GROUP_TOKENS): docs/configuration.md.
-BATCHES_PER_STALLED_STREAM = 3 + 1 + (2 - 1) + 3
+# group queued; a group is four of these batches (GROUP_TOKENS): docs/configuration.md.
+BATCHES_PER_STALLED_STREAM = 4 + 1 + (2 - 1) + 4
 # Allocator and gRPC bookkeeping besides the batches.
 SLACK_MB = 64
 # The server keeps freed memory (docs/deployment.md: its RSS is its heap's high-water mark), and

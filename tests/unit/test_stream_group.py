@@ -21,12 +21,13 @@ from tokenfeed.server.serve.streaming import (
 @pytest.mark.parametrize(
     ("rows", "seq_len", "expected"),
     [
-        (8, 2048, 24),  # 16 K tokens a batch: a full group
-        (16, 4096, 6),  # 64 K: six fit in GROUP_TOKENS
-        (32, 4096, 3),  # 128 K: three
-        (96, 4096, 1),  # one batch is the bound itself
-        (64, 8192, 1),  # larger than the bound: one at a time, never zero
-        (1, 128, 24),
+        (8, 2048, 32),  # 16 K tokens a batch: a full group
+        (16, 4096, 8),  # 64 K: eight fit in GROUP_TOKENS
+        (32, 4096, 4),  # 128 K: four
+        (96, 4096, 1),  # 384 K: one, a second would pass the bound
+        (128, 4096, 1),  # one batch is the bound itself
+        (64, 16384, 1),  # larger than the bound: one at a time, never zero
+        (1, 128, 32),
     ],
 )
 def test_groups_are_bounded_by_tokens(rows, seq_len, expected):
@@ -43,7 +44,7 @@ def test_no_group_exceeds_the_token_bound_unless_one_batch_does():
 
 @pytest.mark.parametrize(
     ("rows", "expected"),
-    [(8, PLAN_STEPS), (16, PLAN_STEPS), (32, PLAN_ROWS // 32), (64, PLAN_ROWS // 64), (4096, 1)],
+    [(8, PLAN_STEPS), (12, PLAN_STEPS), (16, PLAN_ROWS // 16), (64, PLAN_ROWS // 64), (4096, 1)],
 )
 def test_a_stream_plans_up_to_plan_rows_rows_at_once(rows, expected):
     # Planning is metadata only, but it runs on the event loop in one stretch: bounded by

@@ -21,14 +21,18 @@ from tokenfeed.server.telemetry import metrics
 # the plan's split, the hand-over to the sender) once per group. Measured on a lone server, one
 # consumer reading each [8, 2048] row once: the serving thread spent 160-185 us a batch in
 # groups of 24 (48 planned at once) against 250-270 us in groups of 8 (16 planned), and the
-# stream ran 52-59 against 41-44 M tokens/s (3 alternating rounds; bench/, wire section). A
-# group holds at most GROUP_TOKENS tokens, three [32, 4096] batches, so another stream waits at
-# most that long (about 2 ms of the event loop) and a stalled stream holds at most two groups
-# (see `Ahead`); larger batches go one at a time.
-STREAM_GROUP = 24
-GROUP_TOKENS = 3 * 32 * 4096
+# stream ran 52-59 against 41-44 M tokens/s (3 alternating rounds; bench/, wire section). Groups
+# of 32 (64 planned) against 24: eight ranks of [8, 2048] in process 1.63-1.78 against
+# 1.70-1.84 ms of CPU per M tokens (5 alternating runs of 3 rounds), one [32, 4096] stream
+# 1.03-1.38 against 1.13-1.48, and a lone server with eight consumer processes 3.9-4.2 against
+# 4.2-4.9 (2 alternating runs of 3 rounds; docs/deployment.md). A group holds at most
+# GROUP_TOKENS tokens, four [32, 4096] batches, so another stream waits at most that long
+# (about 2-3 ms of the event loop) and a stalled stream holds at most two groups (see `Ahead`:
+# docs/configuration.md, limits); larger batches go one at a time.
+STREAM_GROUP = 32
+GROUP_TOKENS = 4 * 32 * 4096
 # Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
-# arithmetic over row indexes, vectorised, so 48 steps cost little more than one and far less
+# arithmetic over row indexes, vectorised, so 64 steps cost little more than one and far less
 # than assembling one batch. Two groups of the largest size fit a pass.
 PLAN_STEPS = 2 * STREAM_GROUP
 PLAN_ROWS = 768

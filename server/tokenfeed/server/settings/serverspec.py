@@ -204,10 +204,10 @@ class ServerSpec:
         metadata=option(
             Integer(minimum=1),
             doc="batches each StreamBatches call builds ahead of the ones being sent (a group of "
-            "up to 24 small batches, at most three [32, 4096] batches' tokens in all, is "
+            "up to 32 small batches, at most four [32, 4096] batches' tokens in all, is "
             "assembled in one pass once fewer than this many batches wait, and queued whole): a "
             "reader that stalls holds the group being sent and its message in gRPC's hands, "
-            "fewer than this many batches and a group queued: at most two groups of 384 Ki "
+            "fewer than this many batches and a group queued: at most two groups of 512 Ki "
             "tokens and `stream_ahead` batches per stalled stream ([limits](#limits))",
             why="enough to keep the wire busy while the next is built (bench/ serving section), "
             "few enough that a reader that stalls holds little memory",
