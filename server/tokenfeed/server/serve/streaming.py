@@ -27,8 +27,9 @@ from tokenfeed.server.telemetry import metrics
 # 1.03-1.38 against 1.13-1.48, and a lone server with eight consumer processes 3.9-4.2 against
 # 4.2-4.9 (2 alternating runs of 3 rounds; docs/deployment.md). A group holds at most
 # GROUP_TOKENS tokens, four [32, 4096] batches, so another stream waits at most that long
-# (about 2-3 ms of the event loop) and a stalled stream holds at most two groups (see `Ahead`:
-# docs/configuration.md, limits); larger batches go one at a time.
+# (a third more than three batches' 2 ms of the event loop, measured before) and a stalled
+# stream holds at most two groups (see `Ahead`: docs/configuration.md, limits); larger batches
+# go one at a time.
 STREAM_GROUP = 32
 GROUP_TOKENS = 4 * 32 * 4096
 # Steps a stream plans in one pass, up to PLAN_ROWS rows of a rank: planning is order
