@@ -172,9 +172,9 @@ def test_a_nodes_processes_start_at_their_own_place_and_map_each_others_buffers(
         laid: list[tuple[int, int]] = []
         real = rows._lay_out
 
-        def lay_out(key, epoch, c, position, real=real, laid=laid):
+        def lay_out(key, epoch, c, position, here=False, place=None, real=real, laid=laid):
             laid.append((epoch, position))
-            return real(key, epoch, c, position)
+            return real(key, epoch, c, position, here, place)
 
         monkeypatch.setattr(rows, "_lay_out", lay_out)
         procs.append((job, laid))
@@ -199,6 +199,10 @@ def test_a_nodes_processes_start_at_their_own_place_and_map_each_others_buffers(
     for (e, c), (e2, c2) in ((got, want), (again, want)):
         assert e == e2
         assert np.array_equal(c.tokens, c2.tokens) and np.array_equal(c.starts, c2.starts)
+
+
+def _copy(buf):
+    return type(buf)(buf.ids.copy(), buf.starts.copy())
 
 
 def _node(tmp_path, corpus, processes: int):
@@ -235,7 +239,11 @@ def test_workers_that_read_apart_leave_the_arena_a_segment_to_share(tmp_path, co
     every segment and every later buffer was laid out by each process apart (`unshared`)."""
     (writer, first, second), keys = _node(tmp_path, corpus, 3)
     shared = writer.assembler.rows.shared
-    laid = [writer.assembler.row_buffer(*k) for e in range(1, 5) for k in keys(e)]
+
+    def lay_out(epochs) -> list:  # copies: the writer's own views would hold their segments
+        return [_copy(writer.assembler.row_buffer(*k)) for e in epochs for k in keys(e)]
+
+    laid = lay_out(range(1, 5))
     assert shared.made == len(laid)  # the ring holds four epochs
     for reader, epochs in ((first, (1, 2)), (second, (3, 4))):  # ranks far apart
         for k in (k for e in epochs for k in keys(e)):
@@ -243,7 +251,7 @@ def test_workers_that_read_apart_leave_the_arena_a_segment_to_share(tmp_path, co
         got = reader.assembler.rows.shared
         assert got.made == 0 and got.mapped == sum(len(keys(e)) for e in epochs)
         assert 0 < got.in_place_bytes() <= got.in_place_budget
-    laid += [writer.assembler.row_buffer(*k) for e in (5, 6) for k in keys(e)]
+    laid += lay_out((5, 6))
     assert shared.made == len(laid)  # every one written for the others, none unshared
     mapped = second.assembler.rows.shared.mapped
     got = [second.assembler.row_buffer(*k) for k in keys(6)]

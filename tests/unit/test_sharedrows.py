@@ -14,7 +14,7 @@ import threading
 import time
 
 import numpy as np
-from tokenfeed.server.pack import arenaformat, sharedrows
+from tokenfeed.server.pack import arenaformat, arenawrite, sharedrows
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.pack.sharedrows import SharedRows
 
@@ -36,7 +36,7 @@ def test_one_process_lays_out_the_others_map_the_same_bytes(tmp_path):
     want = buffer(10_000)
     calls = []
 
-    def make() -> RowBuffer:
+    def make(place=None) -> RowBuffer:
         calls.append(1)
         return want
 
@@ -47,7 +47,7 @@ def test_one_process_lays_out_the_others_map_the_same_bytes(tmp_path):
     assert (first.made, second.made, second.mapped) == (1, 0, 1)
     assert b.ids.dtype == I32 and not b.ids.flags.writeable  # a read-only mapping
     # Another name is another buffer.
-    other = second.get_or_make("fp/0-0-2-7", lambda: buffer(99, 1), I32)
+    other = second.get_or_make("fp/0-0-2-7", lambda place=None: buffer(99, 1), I32)
     assert equal(other, buffer(99, 1)) and second.made == 1
 
 
@@ -57,7 +57,7 @@ def _entry(root, name: str) -> tuple[int, ...]:
 
 def test_a_damaged_buffer_is_laid_out_again(tmp_path):
     rows = SharedRows(tmp_path, 1 << 30)
-    rows.get_or_make("x/b", lambda: buffer(5000), I32)
+    rows.get_or_make("x/b", lambda place=None: buffer(5000), I32)
     offset = _entry(tmp_path, "x/b")[3]
     with open(tmp_path / "arena", "r+b") as f:  # one flipped byte of the payload
         f.seek(offset + arenaformat.SLOT_HEADER + 4 * 1234)
@@ -66,7 +66,7 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     calls = []
 
-    def make() -> RowBuffer:
+    def make(place=None) -> RowBuffer:
         calls.append(1)
         return buffer(5000)
 
@@ -78,7 +78,7 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
     assert equal(SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32), buffer(5000))
     assert calls == [1, 1]
     # An entry that points at another buffer's slot (another name) is no entry at all.
-    rows.get_or_make("x/c", lambda: buffer(5000, 3), I32)
+    rows.get_or_make("x/c", lambda place=None: buffer(5000, 3), I32)
     (tmp_path / "x" / "b").write_bytes((tmp_path / "x" / "c").read_bytes())
     assert equal(SharedRows(tmp_path, 1 << 30).get_or_make("x/b", make, I32), buffer(5000))
     assert calls == [1, 1, 1]
@@ -87,11 +87,13 @@ def test_a_damaged_buffer_is_laid_out_again(tmp_path):
 def test_a_buffer_is_hashed_by_the_nodes_first_reader_only(tmp_path, monkeypatch):
     # Every worker takes every buffer its ranks read: one check a node, not one a worker.
     writer = SharedRows(tmp_path, 1 << 30)
-    writer.get_or_make("x/b", lambda: buffer(5000), I32)
+    writer.get_or_make("x/b", lambda place=None: buffer(5000), I32)
     hashed, real = [], sharedrows.slot_digest
-    monkeypatch.setattr(sharedrows, "slot_digest", lambda i, s: hashed.append(1) or real(i, s))
+    counted = lambda i, s: hashed.append(1) or real(i, s)  # noqa: E731
+    monkeypatch.setattr(sharedrows, "slot_digest", counted)  # a reader's check
+    monkeypatch.setattr(arenawrite, "slot_digest", counted)  # a writer's digest
 
-    def never() -> RowBuffer:
+    def never(place=None) -> RowBuffer:
         raise AssertionError("laid out again")
 
     readers = [SharedRows(tmp_path, 1 << 30) for _ in range(3)]
@@ -100,7 +102,7 @@ def test_a_buffer_is_hashed_by_the_nodes_first_reader_only(tmp_path, monkeypatch
     # The mark is the slot's stamp: the same name written again (a new slot) is checked again.
     os.unlink(tmp_path / "x" / "b")
     hashed.clear()
-    writer.get_or_make("x/b", lambda: buffer(5000), I32)
+    writer.get_or_make("x/b", lambda place=None: buffer(5000), I32)
     assert hashed == [1]  # the writer's digest of what it writes
     assert all(equal(r.get_or_make("x/b", never, I32), buffer(5000)) for r in readers)
     assert hashed == [1, 1]
@@ -113,14 +115,14 @@ SMALL = arenaformat.DATA_START + arenaformat.SEGMENTS * 11 * 4096
 
 def _fill(rows: SharedRows, names, seed: int = 0) -> None:
     for i, name in enumerate(names):
-        rows.get_or_make(name, lambda i=i: buffer(4000, seed + i), I32)
+        rows.get_or_make(name, lambda place=None, i=i: buffer(4000, seed + i), I32)
 
 
 def test_a_segment_is_never_written_anew_while_an_array_of_it_lives(tmp_path):
     writer, reader = SharedRows(tmp_path, SMALL), SharedRows(tmp_path, SMALL)  # two processes
     assert writer.segment_bytes == 11 * 4096 and 2 * SLOT_BYTES <= writer.segment_bytes
     _fill(writer, ["fp/0", "fp/1"])  # segment 0
-    held = reader.get_or_make("fp/0", lambda: None, I32)
+    held = reader.get_or_make("fp/0", lambda place=None: None, I32)
     tail = held.ids[3990:]  # a view cut from it outlives the buffer
     del held
     gc.collect()
@@ -128,7 +130,7 @@ def test_a_segment_is_never_written_anew_while_an_array_of_it_lives(tmp_path):
     # Seven more segments fill; the eighth would be segment 0 again, which the reader holds.
     _fill(writer, [f"fp/{i}" for i in range(2, 16)], seed=2)
     assert writer.made == 16 and _entry(tmp_path, "fp/15")[1] == 7
-    got = writer.get_or_make("fp/16", lambda: buffer(4000, 16), I32)
+    got = writer.get_or_make("fp/16", lambda place=None: buffer(4000, 16), I32)
     assert equal(got, buffer(4000, 16)) and _entry(tmp_path, "fp/16")[1] == 1  # 0 skipped
     assert np.array_equal(tail, buffer(4000, 0).ids[3990:])  # still the bytes it was
     del tail
@@ -165,21 +167,21 @@ def test_with_every_other_segment_read_from_a_writer_keeps_its_own_copy(tmp_path
     ]
     try:
         _fill(rows, ["a/0", "a/1"])  # segment 0 has room for two
-        got = rows.get_or_make("a/2", lambda: buffer(4000, 2), I32)
+        got = rows.get_or_make("a/2", lambda place=None: buffer(4000, 2), I32)
         assert equal(got, buffer(4000, 2)) and rows.made == 2 and not (tmp_path / "a/2").exists()
     finally:
         for p in readers:
             p.kill()
             p.wait(10)
-    rows.get_or_make("a/3", lambda: buffer(4000, 3), I32)
+    rows.get_or_make("a/3", lambda place=None: buffer(4000, 3), I32)
     assert rows.made == 3 and _entry(tmp_path, "a/3")[1] == 1  # the readers gone: segment 1
 
 
 def test_a_buffer_taken_twice_holds_its_segment_until_both_are_gone(tmp_path):
     _fill(SharedRows(tmp_path, SMALL), ["b/0"])
     reader = SharedRows(tmp_path, SMALL)
-    first = reader.get_or_make("b/0", lambda: None, I32)
-    second = reader.get_or_make("b/0", lambda: None, I32)
+    first = reader.get_or_make("b/0", lambda place=None: None, I32)
+    second = reader.get_or_make("b/0", lambda place=None: None, I32)
     assert reader.mapped == 2 and reader._pins.held() == {0: 2}
     assert not first.ids.flags.writeable
     del first
@@ -194,7 +196,7 @@ def test_a_process_waits_for_the_one_laying_out(tmp_path):
     started, release = threading.Event(), threading.Event()
     calls = []
 
-    def slow() -> RowBuffer:
+    def slow(place=None) -> RowBuffer:
         calls.append("slow")
         started.set()
         release.wait(10)
@@ -209,7 +211,9 @@ def test_a_process_waits_for_the_one_laying_out(tmp_path):
     t.start()
     assert started.wait(10)
     threading.Timer(0.2, release.set).start()
-    b = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda: calls.append("fast"), I32)
+    b = SharedRows(tmp_path, 1 << 30).get_or_make(
+        "j/k", lambda place=None: calls.append("fast"), I32
+    )
     t.join(10)
     assert calls == ["slow"] and equal(b, buffer(3000)) and equal(out["a"], buffer(3000))
 
@@ -234,14 +238,14 @@ def test_a_dead_writers_lock_is_free_at_once(tmp_path):
     writer = _holder(lock)
     threading.Timer(0.3, writer.kill).start()  # dies (SIGKILL) without letting go itself
     began = time.monotonic()
-    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda: buffer(100), I32)
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/k", lambda place=None: buffer(100), I32)
     waited = time.monotonic() - began
     writer.wait(10)
     assert equal(got, buffer(100)) and (tmp_path / "j" / "k").exists() and not lock.exists()
     assert 0.25 < waited < sharedrows.WAIT_SECONDS / 2  # it waited for the writer, not longer
     # A lock file left behind (no process holds it) is no lock at all.
     (tmp_path / "j" / "other.lock").write_bytes(b"")
-    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/other", lambda: buffer(8), I32)
+    got = SharedRows(tmp_path, 1 << 30).get_or_make("j/other", lambda place=None: buffer(8), I32)
     assert equal(got, buffer(8)) and (tmp_path / "j" / "other").exists()
 
 
@@ -251,7 +255,7 @@ def test_a_writer_too_slow_is_not_waited_for(tmp_path, monkeypatch):
     try:
         monkeypatch.setattr(sharedrows, "WAIT_SECONDS", 0.2)
         rows = SharedRows(tmp_path, 1 << 30)
-        got = rows.get_or_make("j/k", lambda: buffer(7), I32)
+        got = rows.get_or_make("j/k", lambda place=None: buffer(7), I32)
         # Laid out here and served, nothing written: the slow writer still writes it.
         assert equal(got, buffer(7)) and not (tmp_path / "j" / "k").exists() and rows.made == 0
     finally:
@@ -264,7 +268,7 @@ def test_on_the_event_loop_a_process_does_not_wait_for_another(tmp_path):
     writer = _holder(tmp_path / "j" / "k.lock")
     calls: list[int] = []
 
-    def make():
+    def make(place=None):
         calls.append(1)
         return buffer(9)
 
@@ -287,7 +291,7 @@ def test_the_arena_renews_its_oldest_segments_and_forgets_their_entries(tmp_path
     rows = SharedRows(tmp_path, SMALL)
     n = 40  # two and a half rounds of the ring
     for i in range(n):
-        rows.get_or_make(f"fp/{i}", lambda i=i: buffer(4000, i), I32)
+        rows.get_or_make(f"fp/{i}", lambda place=None, i=i: buffer(4000, i), I32)
         assert (tmp_path / "arena").stat().st_size == rows.budget <= SMALL
     assert rows.made == n
     kept = sorted(int(p.name) for p in (tmp_path / "fp").iterdir() if not p.name.endswith("lock"))
@@ -299,7 +303,7 @@ def test_the_arena_renews_its_oldest_segments_and_forgets_their_entries(tmp_path
     for i in reversed(range(n)):  # newest first: a buffer made here is written, over the oldest
         calls = []
         got = reader.get_or_make(
-            f"fp/{i}", lambda i=i, calls=calls: calls.append(i) or buffer(4000, i), I32
+            f"fp/{i}", lambda place=None, i=i, calls=calls: calls.append(i) or buffer(4000, i), I32
         )
         assert equal(got, buffer(4000, i))
         assert calls == ([] if i >= n - rounds else [i])  # the last round's are current
@@ -311,7 +315,7 @@ def test_a_process_reads_a_quarter_of_the_arena_in_place_at_most_and_copies_past
     writer, reader = SharedRows(tmp_path, SMALL), SharedRows(tmp_path, SMALL)
     names = [f"c/{i}" for i in range(12)]
     _fill(writer, names)
-    kept = [reader.get_or_make(name, lambda: None, I32) for name in names]
+    kept = [reader.get_or_make(name, lambda place=None: None, I32) for name in names]
     assert all(equal(b, buffer(4000, i)) for i, b in enumerate(kept))
     assert all(not b.ids.flags.writeable for b in kept)
     assert reader.in_place_bytes() == 4 * SLOT_BYTES <= reader.in_place_budget < 5 * SLOT_BYTES

@@ -226,8 +226,16 @@ class RowBuffers:
                 self.buffers.discard(key)
 
     def _lay_out(
-        self, key: int | tuple[int, int], epoch: int, c: int, position: int, here: bool = False
+        self,
+        key: int | tuple[int, int],
+        epoch: int,
+        c: int,
+        position: int,
+        here: bool = False,
+        place: rowlayout.Place | None = None,
     ) -> rowlayout.RowBuffer:
+        """Chunk c's row buffer in `epoch`, laid out here: into the node's arena where
+        `place` offers a slot (a serving worker's, or its supervisor's), else in memory."""
         d, segment = (key, 0) if isinstance(key, int) else key
         t = self._tokenizer()
         tail = self._laid(d, self._tail(d, epoch, position, segment), here)
@@ -239,11 +247,15 @@ class RowBuffers:
             t.bos_id,
             t.eos_id,
             self._wire_dtype(),
+            place,
         )
 
-    def _lay_carry(self, key: int | tuple[int, int], block: int) -> rowlayout.RowBuffer:
+    def _lay_carry(
+        self, key: int | tuple[int, int], block: int, place: rowlayout.Place | None = None
+    ) -> rowlayout.RowBuffer:
         """A carry block of a segment (planner.carry_block) laid out: its pieces copied from
-        verified chunks, one after another, a document segment starting at each join."""
+        verified chunks, one after another, a document segment starting at each join. Always
+        in memory (`place` unused): the arena copies it in."""
         if isinstance(key, int):
             raise ValueError("a dataset's first segment has no carry")
         d, segment = key

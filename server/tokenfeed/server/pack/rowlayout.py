@@ -107,6 +107,13 @@ def lay_out(
     return seg_starts[:-1].copy()
 
 
+# Where a buffer is laid out: given its token count and its number of document starts, two
+# arrays to fill (ids in the wire's dtype, starts as int64), or None (then it is allocated).
+# The node's arena offers a slot this way (sharedrows.py), so a buffer is laid out in place
+# there, not laid out and then copied in.
+Place = Callable[[int, int], tuple[np.ndarray, np.ndarray] | None]
+
+
 def row_buffer(
     stream: ChunkStream,
     tokens: np.ndarray,
@@ -114,39 +121,60 @@ def row_buffer(
     bos_id: int,
     eos_id: int,
     dtype: np.dtype | type = np.int32,
+    place: Place | None = None,
 ) -> RowBuffer:
     """A chunk's row buffer: its whole stream laid out (its documents in the stream's order,
-    with BOS and EOS), then the pieces of its tail, in order."""
+    with BOS and EOS), then the pieces of its tail, in order. Where its documents are copied
+    whole (`_joined`), into the arrays `place` gives if it gives them: the same bytes."""
     dtype = np.dtype(dtype)
     total = stream.total
-    found = [stream.seg_starts[:-1].copy()]
     n = len(stream.doc_starts)
+    at = _offsets(total, tail)
     if n and tokens.size and tokens.dtype == dtype and total >= SLICE_MEAN_TOKENS * n:
-        ids = _joined(stream, tokens, tail, bos_id, eos_id)
-    else:
-        ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
-        found = [lay_out(stream, tokens, ids, bos_id, eos_id)]
-        at = total
-        for t in tail:
-            ids[at : at + len(t.ids)] = t.ids
-            at += len(t.ids)
-    at = total
-    for t in tail:
-        found.append(t.starts + at)
-        at += len(t.ids)
+        starts = np.concatenate(
+            [stream.seg_starts[:-1], *(t.starts + a for t, a in zip(tail, at, strict=True))]
+        ).astype(np.int64, copy=False)
+        size = total + sum(len(t.ids) for t in tail)
+        given = place(size, len(starts)) if place is not None else None
+        if given is None:
+            return RowBuffer(_joined(stream, tokens, tail, bos_id, eos_id), starts)
+        ids, into = given
+        into[:] = starts
+        into.flags.writeable = False
+        return RowBuffer(_joined(stream, tokens, tail, bos_id, eos_id, ids), into)
+    ids = np.empty(total + sum(len(t.ids) for t in tail), dtype=dtype)
+    found = [lay_out(stream, tokens, ids, bos_id, eos_id)]
+    for t, a in zip(tail, at, strict=True):
+        ids[a : a + len(t.ids)] = t.ids
+        found.append(t.starts + a)
     return RowBuffer(ids, np.concatenate(found))
 
 
+def _offsets(total: int, tail: Sequence[RowBuffer]) -> list[int]:
+    """Where each tail piece starts in a buffer whose stream has `total` positions."""
+    out, at = [], total
+    for t in tail:
+        out.append(at)
+        at += len(t.ids)
+    return out
+
+
 def _joined(
-    stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
+    stream: ChunkStream,
+    tokens: np.ndarray,
+    tail: Sequence[RowBuffer],
+    bos_id: int,
+    eos_id: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The stream and its tail as one read-only array: every document's tokens (a slice of the
     chunk's, in the wire's dtype already), BOS and EOS, and the tail pieces. With the C
     extension (gather.py) one range copy a document in one call, the GIL released, then BOS
     and EOS set by index; without it one bytes.join (GIL held), half the CPU of a slice
-    assignment per document and no index per token (bench/, wire section)."""
+    assignment per document and no index per token (bench/, wire section). Into `out` where
+    it is given (copied there without the extension)."""
     if ranges.NATIVE:
-        return _gathered(stream, tokens, tail, bos_id, eos_id)
+        return _gathered(stream, tokens, tail, bos_id, eos_id, out)
     size = tokens.dtype.itemsize
     raw = np.ascontiguousarray(tokens).data.cast("B")
     seg = stream.seg_starts
@@ -159,17 +187,27 @@ def _joined(
     if stream.bos:
         parts[0::per] = [np.array([bos_id], tokens.dtype).tobytes()] * n
     parts += [np.ascontiguousarray(t.ids, tokens.dtype).data.cast("B") for t in tail]
-    return np.frombuffer(b"".join(parts), dtype=tokens.dtype)
+    joined = np.frombuffer(b"".join(parts), dtype=tokens.dtype)
+    if out is None:
+        return joined
+    out[:] = joined
+    out.flags.writeable = False
+    return out
 
 
 def _gathered(
-    stream: ChunkStream, tokens: np.ndarray, tail: Sequence[RowBuffer], bos_id: int, eos_id: int
+    stream: ChunkStream,
+    tokens: np.ndarray,
+    tail: Sequence[RowBuffer],
+    bos_id: int,
+    eos_id: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """`_joined` by gather.py's C range copies: the same array."""
+    """`_joined` by gather.py's C range copies: the same array (`out` where it is given)."""
     seg, n, total = stream.seg_starts, len(stream.doc_starts), stream.total
     pieces = [np.ascontiguousarray(t.ids, tokens.dtype) for t in tail]
     sizes = np.array([len(p) for p in pieces], dtype=np.int64)
-    ids = np.empty(total + int(sizes.sum()), dtype=tokens.dtype)
+    ids = np.empty(total + int(sizes.sum()), dtype=tokens.dtype) if out is None else out
     body = seg[:-1] + stream.bos  # each document's tokens go to [body, its EOS)
     ranges.gather(
         ids,

@@ -49,7 +49,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +66,11 @@ from tokenfeed.server.pack.arenaformat import (
     SLOT_HEADER,
     SLOT_MAGIC,
     align8,
-    align64,
     name_digest,
     slot_digest,
 )
-from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins, range_lock
+from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins
+from tokenfeed.server.pack.arenawrite import ArenaWriting, Maker, unlink
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.telemetry import metrics
 
@@ -83,7 +82,7 @@ WAIT_SECONDS = 10.0  # the longest a process waits for another's layout before i
 POLL_FIRST, POLL_MOST = 50e-6, 1e-3
 
 
-class SharedRows:
+class SharedRows(ArenaWriting):
     """Row buffers in the arena under `root`, at most `budget` bytes of them (and at most half
     of the file system's size: /dev/shm is often small in a container)."""
 
@@ -142,17 +141,19 @@ class SharedRows:
         self._pins.drain()
         return self._pins.in_place
 
-    def get_or_make(self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype) -> RowBuffer:
+    def get_or_make(self, name: str, make: Maker, dtype: np.dtype) -> RowBuffer:
         """The buffer `name` (a relative path): taken from the arena, or laid out by `make` in
         this process (and written for the others) when the arena does not hold it; where
-        another process is laying it out, taken once that one has written it."""
+        another process is laying it out, taken once that one has written it. `make` is
+        called with `place`: a slot of the arena to lay the buffer out in (`_make`), or None
+        where it is laid out for this process alone."""
         found = self._get_or_make(name, make, dtype, wait=True)
         if found is None:
             raise RuntimeError(f"row buffer {name}: neither read nor laid out")
         return found
 
     def get_or_make_now(
-        self, name: str, make: Callable[[], RowBuffer], dtype: np.dtype, looked: bool = False
+        self, name: str, make: Maker, dtype: np.dtype, looked: bool = False
     ) -> RowBuffer | None:
         """`get_or_make` without waiting (the event loop): None where another process is
         laying the buffer out. `looked`: the caller has just found no entry (`read`), so the
@@ -166,7 +167,7 @@ class SharedRows:
     def _get_or_make(
         self,
         name: str,
-        make: Callable[[], RowBuffer],
+        make: Maker,
         dtype: np.dtype,
         wait: bool,
         looked: bool = False,
@@ -184,18 +185,17 @@ class SharedRows:
             if wait and not _locked(fd, time.monotonic() + WAIT_SECONDS):
                 # A writer slower than WAIT_SECONDS: lay it out here, write nothing.
                 metrics.ROW_BUFFERS.labels("unshared").inc()
-                return make()
+                return make(place=None)
             found = self._read(str(path), name, dtype)  # written by the lock's holder first
             if found is not None:
                 return found
-            buf = make()
-            written = self._write(path, name, buf)
+            buf, written = self._make(path, name, make, dtype)
             self.made += written
             metrics.ROW_BUFFERS.labels("laid_out" if written else "unshared").inc()
             # The lock file goes before the lock: a process that opens the name later makes a
             # new one, and finds the buffer's entry first anyway. A process holding the old
             # one's descriptor takes its lock next and reads the buffer.
-            _unlink(lock)
+            unlink(lock)
             return buf
         finally:
             os.close(fd)  # lets go of the lock
@@ -216,11 +216,11 @@ class SharedRows:
             return None
         except OSError as e:
             log.warning("row buffer %s unreadable (%s): laid out again", path, e)
-            _unlink(path)
+            unlink(path)
             return None
         got = self._in_place(raw, name, dtype) if len(raw) == ENTRY.size else None
         if got is None:
-            _unlink(path)
+            unlink(path)
             return None
         self.mapped += 1
         metrics.ROW_BUFFERS.labels("mapped").inc()
@@ -277,105 +277,6 @@ class SharedRows:
             if not held:
                 self._pins.unpin(seg)
 
-    # ---------------------------------------------------------------- writing
-
-    def _write(self, path: Path, name: str, buf: RowBuffer) -> bool:
-        """Write `buf` into the arena and its entry at `path`; False where it cannot be (larger
-        than a segment, every other segment read from, a file that cannot be written): this
-        process's own copy still serves."""
-        ids = np.ascontiguousarray(buf.ids)
-        starts = np.ascontiguousarray(buf.starts, dtype=np.int64)
-        starts_at = SLOT_HEADER + align8(ids.nbytes)
-        length = align64(starts_at + starts.nbytes)
-        if length > self.segment_bytes:
-            return False
-        with self._alloc:
-            taken = self._take(length)
-        if taken is None:
-            return False
-        seg, gen, offset, stamp, renewed = taken
-        try:  # the segment is held (pinned) while its slot is written
-            view = self._view
-            view[offset + SLOT_HEADER : offset + SLOT_HEADER + ids.nbytes] = ids.view(np.uint8)
-            view[offset + starts_at : offset + starts_at + starts.nbytes] = starts.view(np.uint8)
-            SLOT.pack_into(
-                self._map,
-                offset,
-                SLOT_MAGIC,
-                stamp,
-                name_digest(name),
-                ids.size,
-                starts.size,
-                ids.dtype.itemsize,
-                slot_digest(ids, starts),
-            )
-            CHECKED.pack_into(self._map, offset + CHECKED_AT, 0)  # no reader has checked it
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(ENTRY.pack(ENTRY_MAGIC, seg, gen, offset, length, stamp))
-            os.replace(tmp, path)
-        except OSError as e:  # a full or read-only file system: this process's copy still serves
-            log.warning("row buffer %s not written (%s)", path, e)
-            return False
-        finally:
-            self._pins.unpin(seg)
-        if renewed and seg == 0:  # once a round of the ring: stale entries are a round's at most
-            self.sweep()
-        return True
-
-    def _take(self, length: int) -> tuple[int, int, int, int, bool] | None:
-        """Room for `length` bytes: in the current segment, else at the start of the next one
-        that no process reads from (its generation bumped), held (pinned) for the writing:
-        (segment, generation, offset, stamp, whether a segment was started anew); None where
-        every other segment is read from."""
-        self._pins.drain()
-        with Flocked(self._read_fd):
-            magic, size, segment, cur, head, stamp = ARENA.unpack_from(self._map, 0)
-            renewed = head + length > segment
-            if renewed:
-                for step in range(1, SEGMENTS):
-                    nxt = (cur + step) % SEGMENTS
-                    where = (DATA_START + nxt * segment, segment)
-                    if range_lock(self._write_fd, fcntl.F_WRLCK, *where):  # no one reads it
-                        self._gens[nxt] += np.uint64(1)
-                        range_lock(self._write_fd, fcntl.F_UNLCK, *where)
-                        cur, head = nxt, 0
-                        break
-                else:
-                    return None
-            offset = DATA_START + cur * segment + head
-            ARENA.pack_into(self._map, 0, magic, size, segment, cur, head + length, stamp + 1)
-            if not self._pins.pin(cur):  # cannot fail: segments start anew under this lock
-                return None
-            return cur, int(self._gens[cur]), offset, stamp + 1, renewed
-
-    def sweep(self) -> int:
-        """Remove the entries of segments written anew since (stale); how many. Run by the
-        writer that starts the first segment anew, once a round of the ring."""
-        removed = 0
-        for dirpath, _, names in os.walk(self.root):
-            if dirpath == str(self.root):
-                continue  # the arena
-            for n in names:
-                if n.endswith((".lock", ".tmp")):
-                    continue
-                p = Path(dirpath) / n
-                try:
-                    raw = p.read_bytes()
-                except OSError:
-                    continue
-                if not self._current(raw):
-                    _unlink(p)
-                    removed += 1
-        return removed
-
-    def _current(self, raw: bytes) -> bool:
-        """Whether an entry is of its segment's current generation."""
-        if len(raw) != ENTRY.size:
-            return False
-        magic, seg, gen = ENTRY.unpack(raw)[:3]
-        return magic == ENTRY_MAGIC and seg < SEGMENTS and int(self._gens[seg]) == gen
-
 
 def _locked(fd: int, deadline: float) -> bool:
     """Whether this process took the exclusive lock of `fd` before `deadline` (monotonic)."""
@@ -390,10 +291,3 @@ def _locked(fd: int, deadline: float) -> bool:
             return False
         time.sleep(pause)
         pause = min(pause * 2, POLL_MOST)
-
-
-def _unlink(path: str | Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
