@@ -311,3 +311,26 @@ def test_a_worker_takes_a_buffer_laid_out_by_another_without_its_chunks(
         got = rows.buffers.peek((k[0], k[1], k[2]))  # in its row cache now, the same bytes
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.starts, want.starts)
     assert touched == [] and rows.shared.mapped == len(epoch) and rows.shared.made == 0
+
+
+def test_the_supervisor_lays_buffers_out_in_the_arena_and_keeps_no_copy(tmp_path, corpus):
+    """A supervisor lays each buffer out straight into a slot of the node's arena and reads it
+    there afterwards (its tails cut from it), as a worker reads a mapped one: what its row
+    cache keeps is in place, never a copy in its own memory (past its in-place budget it lets
+    go of its oldest); the same bytes as a layout in memory, mapped by the workers."""
+    from tokenfeed.server.pack.arenalocks import held_in_place
+
+    reference = _job(tmp_path / "ref", corpus)
+    (writer, worker), keys = _node(tmp_path, corpus, 2)
+    epoch = sorted(keys(2), key=lambda k: -k[3])  # last position first, as the lay-ahead does
+    rows = writer.assembler.rows
+    rows.lay_out_all(epoch)
+    kept = [b for k in epoch if (b := rows.buffers.peek((k[0], k[1], k[2]))) is not None]
+    assert kept and all(held_in_place(b.ids) and held_in_place(b.starts) for b in kept)
+    assert rows.shared.made == len(epoch)
+    assert 0 < rows.shared.in_place_bytes() <= rows.shared.in_place_budget
+    for k in epoch:
+        want = reference.assembler.row_buffer(*k)
+        got = worker.assembler.row_buffer(*k)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.starts, want.starts)
+    assert worker.assembler.rows.shared.mapped == len(epoch)

@@ -3,39 +3,42 @@
 The ranks of a job spread over every worker (the kernel spreads connections) and each rank's
 rows over every chunk of a window, so without sharing each worker would lay out every chunk's
 row buffer of every epoch itself: N workers, N times the layout work for the same tokens
-(bench/results/cores16-serving.txt measured it). Here the first process that needs a buffer
-lays it out and writes it into the node's arena; the others read it there, in place. Row
-buffers are memory (`server.stream_cache_bytes`), not the disk cache: the arena is not under
-`server.cache_bytes`, and the supervisor removes its directory when it starts and stops.
+(bench/results/cores16-serving.txt measured it). Here the first process that needs a buffer lays
+it out straight into a slot of the node's arena (arenawrite.py); it and the others read it
+there, in place. Row buffers are memory (`server.stream_cache_bytes`), not the disk cache: the
+arena is not under `server.cache_bytes`, and the supervisor removes its directory when it starts
+and stops.
 
 The arena is one file in the node's shared memory (`/dev/shm`, else the temporary directory:
 `node_dir`) of at most `stream_cache_bytes` (and half of the file system), mapped once by every
-process: its pages stay mapped, so a buffer costs its writer a copy and its readers a check
-(a file per buffer cost far more: CHANGELOG, Serving). It is SEGMENTS segments filled in turn,
-a ring: a writer appends to the current segment and, when it is full, starts the next one that
-no process reads from, whose generation it bumps (the entries of the one before are stale). A
-process reading buffers of a segment holds a shared record lock on it (`F_OFD_SETLK`) while any
-array of those buffers lives (a finalizer lets it go), so no segment is rewritten under a
-reader; a writer that finds every other segment read from keeps its buffer (`unshared`). A
-process holds at most a quarter of the arena in place (`in_place_budget`; past it a buffer is
-copied out), and lets go of what it holds in the segments the ring writes next, as the ring
-moves and every second, idle or not (`RowBuffers.let_go`); the supervisor lays out at most
-half the arena ahead (jobs/layahead.py): the ring keeps a segment to write (CHANGELOG).
+process: its pages stay mapped, so a buffer costs its writer its layout (no copy: the layout's
+range copies write the slot; a carry block, laid out in memory, is copied in) and its readers a
+check (a file per buffer cost far more: CHANGELOG, Serving). It is SEGMENTS segments filled in
+turn, a ring: a writer appends to the current segment and, when it is full, starts the next one
+that no process reads from, whose generation it bumps (the entries of the one before are stale).
+A process reading buffers of a segment holds a shared record lock on it (`F_OFD_SETLK`) while
+any array of those buffers lives (a finalizer lets it go), so no segment is rewritten under a
+reader; a writer that finds every other segment read from lays its buffer out in its own memory
+(`unshared`). A process, the buffers it wrote included, holds at most a quarter of the arena in
+place (`in_place_budget`; past it a buffer is copied out), and lets go of what it holds in the
+segments the ring writes next, as the ring moves and every second, idle or not
+(`RowBuffers.let_go`); the supervisor lays out at most half the arena ahead (jobs/layahead.py):
+the ring keeps a segment to write (CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which the node's first reader checks and marks checked in the slot; the node's later readers
 trust the mark (a slot is not written again until its segment is renewed, under a new stamp), so
-a buffer is hashed once per node, not once per worker (every worker takes every buffer its
-ranks read). A small entry file under the buffer's name says where its slot is. A stale entry,
-or a slot that fails its check, is removed and the buffer laid out again. A buffer's bytes are
+a buffer is hashed once per node, not once per worker (every worker takes every buffer its ranks
+read). A small entry file under the buffer's name says where its slot is. A stale entry, or a
+slot that fails its check, is removed and the buffer laid out again. A buffer's bytes are
 decided by its name: the plan's fingerprint at its version (which covers the job's fixed parts,
 its phases and its datasets' content), the dataset and segment, the epoch and the chunk, so any
 process would write the same bytes.
 
-One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on
-the buffer's lock file, which the kernel lets go when the process ends however it ends; a
-waiter tries the lock from 50 us, doubling to 1 ms, so it reads the buffer about a millisecond
-after its writing; on the event loop a process does not wait (`get_or_make_now`).
+One process lays a buffer out while the others wait for it: it holds an exclusive `flock` on the
+buffer's lock file, which the kernel lets go when the process ends however it ends; a waiter
+tries the lock from 50 us, doubling to 1 ms, so it reads the buffer about a millisecond after
+its writing; on the event loop a process does not wait (`get_or_make_now`).
 """
 
 from __future__ import annotations
