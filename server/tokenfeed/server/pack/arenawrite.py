@@ -73,19 +73,11 @@ class ArenaWriting:
         def place(n_ids: int, n_starts: int) -> tuple[np.ndarray, np.ndarray] | None:
             if taken:
                 raise RuntimeError(f"row buffer {name} asked for a second slot")
-            starts_at = SLOT_HEADER + align8(n_ids * dtype.itemsize)
-            length = align64(starts_at + n_starts * 8)
-            if length > self.segment_bytes:
-                return None
-            with self._alloc:
-                got = self._take(length)
+            got = self._slot(n_ids, n_starts, dtype)
             if got is None:
                 return None
-            taken.append((*got, length))
-            offset = got[2]
-            slot = self._view[offset : offset + length]
-            ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * dtype.itemsize].view(dtype)
-            return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
+            taken.append(got[0])
+            return got[1], got[2]
 
         try:
             buf = make(place=place)
@@ -116,24 +108,7 @@ class ArenaWriting:
         if self.segment_of(ids) != seg or self.segment_of(starts) != seg:
             self._pins.unpin(seg)
             raise RuntimeError(f"row buffer {name} was not laid out in the slot it took")
-        written = True
-        try:
-            SLOT.pack_into(
-                self._map,
-                offset,
-                SLOT_MAGIC,
-                stamp,
-                name_digest(name),
-                ids.size,
-                starts.size,
-                ids.dtype.itemsize,
-                slot_digest(ids, starts),
-            )
-            CHECKED.pack_into(self._map, offset + CHECKED_AT, 0)  # no reader has checked it
-            self._entry(path, seg, gen, offset, length, stamp)
-        except OSError as e:  # a full or read-only file system: this process's copy serves
-            log.warning("row buffer %s not written (%s)", path, e)
-            written = False
+        written = self._publish(path, name, ids, starts, seg, gen, offset, length, stamp)
         kept = self._kept(ids, starts, seg, offset, length, keep=written)
         if renewed and seg == 0:  # once a round of the ring: stale entries are a round's at most
             self.sweep()
@@ -167,48 +142,77 @@ class ArenaWriting:
         process's own copy still serves."""
         ids = np.ascontiguousarray(buf.ids)
         starts = np.ascontiguousarray(buf.starts, dtype=np.int64)
-        starts_at = SLOT_HEADER + align8(ids.nbytes)
-        length = align64(starts_at + starts.nbytes)
-        if length > self.segment_bytes:
+        got = self._slot(ids.size, starts.size, ids.dtype)
+        if got is None:
             return False
-        with self._alloc:
-            taken = self._take(length)
-        if taken is None:
-            return False
-        seg, gen, offset, stamp, renewed = taken
+        (seg, gen, offset, stamp, renewed, length), into, into_starts = got
         try:  # the segment is held (pinned) while its slot is written
-            view = self._view
-            view[offset + SLOT_HEADER : offset + SLOT_HEADER + ids.nbytes] = ids.view(np.uint8)
-            view[offset + starts_at : offset + starts_at + starts.nbytes] = starts.view(np.uint8)
-            SLOT.pack_into(
-                self._map,
-                offset,
-                SLOT_MAGIC,
-                stamp,
-                name_digest(name),
-                ids.size,
-                starts.size,
-                ids.dtype.itemsize,
-                slot_digest(ids, starts),
-            )
-            CHECKED.pack_into(self._map, offset + CHECKED_AT, 0)  # no reader has checked it
-            self._entry(path, seg, gen, offset, length, stamp)
-        except OSError as e:  # a full or read-only file system: this process's copy still serves
-            log.warning("row buffer %s not written (%s)", path, e)
-            return False
+            into[:] = ids
+            into_starts[:] = starts
+            written = self._publish(path, name, ids, starts, seg, gen, offset, length, stamp)
         finally:
             self._pins.unpin(seg)
         if renewed and seg == 0:  # once a round of the ring: stale entries are a round's at most
             self.sweep()
-        return True
+        return written
 
-    @staticmethod
-    def _entry(path: Path, seg: int, gen: int, offset: int, length: int, stamp: int) -> None:
-        """A slot's entry file under its buffer's name, written whole (renamed into place)."""
+    def _slot(
+        self, n_ids: int, n_starts: int, dtype: np.dtype
+    ) -> tuple[tuple[int, int, int, int, bool, int], np.ndarray, np.ndarray] | None:
+        """A slot for a buffer of `n_ids` ids and `n_starts` starts, held (`_take`): ((segment,
+        generation, offset, stamp, whether a segment was started anew, length), its ids, its
+        starts), or None where it cannot be had (larger than a segment, every other segment
+        read from)."""
+        starts_at = SLOT_HEADER + align8(n_ids * dtype.itemsize)
+        length = align64(starts_at + n_starts * 8)
+        if length > self.segment_bytes:
+            return None
+        with self._alloc:
+            taken = self._take(length)
+        if taken is None:
+            return None
+        offset = taken[2]
+        slot = self._view[offset : offset + length]
+        ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * dtype.itemsize].view(dtype)
+        starts = slot[starts_at : starts_at + n_starts * 8].view(np.int64)
+        return (*taken, length), ids, starts
+
+    def _publish(
+        self,
+        path: Path,
+        name: str,
+        ids: np.ndarray,
+        starts: np.ndarray,
+        seg: int,
+        gen: int,
+        offset: int,
+        length: int,
+        stamp: int,
+    ) -> bool:
+        """A written slot's header and check, then its entry file under the buffer's name
+        (written whole, renamed into place); False where the file system refuses the entry (full,
+        read-only): this process's copy still serves."""
+        SLOT.pack_into(
+            self._map,
+            offset,
+            SLOT_MAGIC,
+            stamp,
+            name_digest(name),
+            ids.size,
+            starts.size,
+            ids.dtype.itemsize,
+            slot_digest(ids, starts),
+        )
+        CHECKED.pack_into(self._map, offset + CHECKED_AT, 0)  # no reader has checked it
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(ENTRY.pack(ENTRY_MAGIC, seg, gen, offset, length, stamp))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(ENTRY.pack(ENTRY_MAGIC, seg, gen, offset, length, stamp))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("row buffer %s not written (%s)", path, e)
+            return False
+        return True
 
     def _take(self, length: int) -> tuple[int, int, int, int, bool] | None:
         """Room for `length` bytes: in the current segment, else at the start of the next one
