@@ -12,18 +12,19 @@ and stops.
 The arena is one file in the node's shared memory (`/dev/shm`, else the temporary directory:
 `node_dir`) of at most `stream_cache_bytes` (and half of the file system), mapped once by every
 process: its pages stay mapped, so a buffer costs its writer its layout (no copy: the layout's
-range copies write the slot; a carry block, laid out in memory, is copied in) and its readers a
-check (a file per buffer cost far more: CHANGELOG, Serving). It is SEGMENTS segments filled in
-turn, a ring: a writer appends to the current segment and, when it is full, starts the next one
-that no process reads from, whose generation it bumps (the entries of the one before are stale).
-A process reading buffers of a segment holds a shared record lock on it (`F_OFD_SETLK`) while
-any array of those buffers lives (a finalizer lets it go), so no segment is rewritten under a
-reader; a writer that finds every other segment read from lays its buffer out in its own memory
-(`unshared`). A process, the buffers it wrote included, holds at most a quarter of the arena in
-place (`in_place_budget`; past it a buffer is copied out), and lets go of what it holds in the
-segments the ring writes next, as the ring moves and every second, idle or not
-(`RowBuffers.let_go`); the supervisor lays out at most half the arena ahead (jobs/layahead.py):
-the ring keeps a segment to write (CHANGELOG).
+range copies write the slot; a carry block, or a chunk of documents too short to copy whole, is
+laid out in memory and copied in) and its readers a check (a file per buffer cost far more:
+CHANGELOG, Serving). It is SEGMENTS segments filled in turn, a ring: a writer appends to the
+current segment and, when it is full, starts the next one that no process reads from, whose
+generation it bumps (the entries of the one before are stale). A process reading buffers of a
+segment holds a shared record lock on it (`F_OFD_SETLK`) while any array of those buffers lives
+(a finalizer lets it go), so no segment is rewritten under a reader; a writer that finds every
+other segment read from lays its buffer out in its own memory (`unshared`). A process, the
+buffers it wrote included, holds at most a quarter of the arena in place (`in_place_budget`;
+past it a buffer is copied out), and lets go of what it holds in the segments the ring writes
+next, as the ring moves and every second, idle or not (`RowBuffers.let_go`); the supervisor lays
+out at most half the arena ahead (jobs/layahead.py): the ring keeps a segment to write
+(CHANGELOG).
 
 A buffer's slot holds its stamp, its name's digest, its sizes and the xxh3-128 of its payload,
 which the node's first reader checks and marks checked in the slot; the node's later readers
