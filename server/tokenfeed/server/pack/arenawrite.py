@@ -36,7 +36,7 @@ from tokenfeed.server.pack.arenaformat import (
 from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins, range_lock
 from tokenfeed.server.pack.rowlayout import RowBuffer
 
-log = logging.getLogger("tokenfeed.server.pack.sharedrows")
+log = logging.getLogger("tokenfeed.server.pack.sharedrows")  # the arena's one logger
 
 # Lays a buffer out, called with `place=`: a slot of the arena to lay it out in, or None.
 Maker = Callable[..., RowBuffer]

@@ -218,9 +218,10 @@ class ServerSpec:
         metadata=option(
             Size(),
             read=SIZE,
-            doc="memory (per serving process, for each job) for chunks' row buffers: each concat stream laid "
-            "out in its epoch's order with its tail (at most `seq_len` tokens its last row reads "
-            "past the chunk's end), so a row is one slice copy; give it a window of token chunks "
+            doc="memory (per serving process, for each job) for chunks' row buffers: each concat "
+            "stream laid out in its epoch's order with its tail (at most `seq_len` tokens its "
+            "last row reads past the chunk's end), so a row is one slice copy; give it a window "
+            "of token chunks "
             "and one more chunk (`window_chunks + 1` × token bytes per chunk, "
             "[sizing](deployment.md#sizing)); a smaller value only costs speed. Where it holds "
             "more windows, prefetch lays out up to eight windows ahead of the trainers. With "
