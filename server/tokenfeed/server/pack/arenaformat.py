@@ -57,6 +57,20 @@ def slot_digest(ids: np.ndarray, starts: np.ndarray) -> bytes:
     return digest.digest()
 
 
+def slot_length(n_ids: int, n_starts: int, itemsize: int) -> int:
+    """The bytes of a slot holding `n_ids` ids of `itemsize` bytes and `n_starts` starts."""
+    return align64(SLOT_HEADER + align8(n_ids * itemsize) + n_starts * 8)
+
+
+def slot_arrays(
+    slot: np.ndarray, n_ids: int, n_starts: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """A slot's ids and starts as views of its bytes (`slot`: uint8, from its header on)."""
+    starts_at = SLOT_HEADER + align8(n_ids * dtype.itemsize)
+    ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * dtype.itemsize].view(dtype)
+    return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
+
+
 def name_digest(name: str) -> bytes:
     return hashlib.blake2b(name.encode(), digest_size=16).digest()
 

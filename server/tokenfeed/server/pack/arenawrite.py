@@ -26,12 +26,11 @@ from tokenfeed.server.pack.arenaformat import (
     ENTRY_MAGIC,
     SEGMENTS,
     SLOT,
-    SLOT_HEADER,
     SLOT_MAGIC,
-    align8,
-    align64,
     name_digest,
+    slot_arrays,
     slot_digest,
+    slot_length,
 )
 from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins, range_lock
 from tokenfeed.server.pack.rowlayout import RowBuffer
@@ -128,13 +127,8 @@ class ArenaWriting:
         pinned = Pinned(self._map, self._address + offset, length)
         weakref.finalize(pinned, self._pins.release_later, seg, length)
         self._pins.keep(length)
-        memory = np.asarray(pinned)
-        at = ids.__array_interface__["data"][0] - self._address - offset
-        st = starts.__array_interface__["data"][0] - self._address - offset
-        return RowBuffer(
-            memory[at : at + ids.nbytes].view(ids.dtype),
-            memory[st : st + starts.nbytes].view(np.int64),
-        )
+        # Read-only, and `pinned` lives while any view of it does.
+        return RowBuffer(*slot_arrays(np.asarray(pinned), ids.size, starts.size, ids.dtype))
 
     def _write(self, path: Path, name: str, buf: RowBuffer) -> bool:
         """Write `buf` into the arena and its entry at `path`; False where it cannot be (larger
@@ -163,8 +157,7 @@ class ArenaWriting:
         generation, offset, stamp, whether a segment was started anew, length), its ids, its
         starts), or None where it cannot be had (larger than a segment, every other segment
         read from)."""
-        starts_at = SLOT_HEADER + align8(n_ids * dtype.itemsize)
-        length = align64(starts_at + n_starts * 8)
+        length = slot_length(n_ids, n_starts, dtype.itemsize)
         if length > self.segment_bytes:
             return None
         with self._alloc:
@@ -172,9 +165,7 @@ class ArenaWriting:
         if taken is None:
             return None
         offset = taken[2]
-        slot = self._view[offset : offset + length]
-        ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * dtype.itemsize].view(dtype)
-        starts = slot[starts_at : starts_at + n_starts * 8].view(np.int64)
+        ids, starts = slot_arrays(self._view[offset : offset + length], n_ids, n_starts, dtype)
         return (*taken, length), ids, starts
 
     def _publish(

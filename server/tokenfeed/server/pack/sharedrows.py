@@ -52,7 +52,6 @@ import mmap
 import os
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +70,10 @@ from tokenfeed.server.pack.arenaformat import (
     SLOT_MAGIC,
     align8,
     name_digest,
+    slot_arrays,
     slot_digest,
 )
-from tokenfeed.server.pack.arenalocks import Flocked, Pinned, Pins
+from tokenfeed.server.pack.arenalocks import Flocked, Pins
 from tokenfeed.server.pack.arenawrite import ArenaWriting, Maker, unlink
 from tokenfeed.server.pack.rowlayout import RowBuffer
 from tokenfeed.server.telemetry import metrics
@@ -256,27 +256,14 @@ class SharedRows(ArenaWriting):
                 or starts_at + n_starts * 8 > length
             ):
                 return None
-
-            def parts(slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                ids = slot[SLOT_HEADER : SLOT_HEADER + n_ids * itemsize].view(dtype)
-                return ids, slot[starts_at : starts_at + n_starts * 8].view(np.int64)
-
-            ids, starts = parts(self._view[offset : offset + length])
+            ids, starts = slot_arrays(self._view[offset : offset + length], n_ids, n_starts, dtype)
             if CHECKED.unpack_from(self._map, offset + CHECKED_AT)[0] != stamp:
                 if slot_digest(ids, starts) != digest:
                     log.warning("row buffer %s fails its check: laid out again", name)
                     return None
                 CHECKED.pack_into(self._map, offset + CHECKED_AT, stamp)
-            if self._pins.in_place + length > self.in_place_budget:  # copied out, not held
-                ids, starts = ids.copy(), starts.copy()
-                ids.flags.writeable = starts.flags.writeable = False
-                return RowBuffer(ids, starts)
-            pinned = Pinned(self._map, self._address + offset, length)
-            weakref.finalize(pinned, self._pins.release_later, seg, length)
-            self._pins.keep(length)
-            held = True
-            # Read-only, and `pinned` lives while any view of it does.
-            return RowBuffer(*parts(np.asarray(pinned)))
+            held = True  # from here `_kept` holds the pin or lets it go
+            return self._kept(ids, starts, seg, offset, length, keep=True)
         finally:
             if not held:
                 self._pins.unpin(seg)
