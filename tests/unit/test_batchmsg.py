@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from tokenfeed.client import wire
+from tokenfeed.server.pack import rowlayout
+from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.server.serve import batchmsg
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
@@ -159,3 +161,37 @@ def test_a_group_that_is_not_whole_batches_is_refused():
         batchmsg.group_messages(
             _job(), [0, 1, 2], 0, 1, [0, 0, 0], _compact(4, 16, np.uint16, False, 1)
         )
+
+
+@pytest.mark.parametrize(
+    ("steps", "per", "dtype", "first"),
+    [(4, 32, np.uint16, 0), (24, 8, np.int32, 113), (1, 3, np.uint16, 0), (3, 2, np.int32, 0)],
+)
+def test_messages_made_from_rows_not_yet_copied_are_those_of_the_rows_copied(
+    steps, per, dtype, first
+):
+    """A group of concat rows left in their row buffers (GroupRows: a stream's usual group)
+    makes, byte for byte, the messages of the same rows copied first (its compact batch),
+    across a phase change; each message decodes, its fingerprint checked, to its rows."""
+    job = _job("r", phases=((0, "first"), (first + steps // 2, "second")))
+    rng = np.random.default_rng(steps * per)
+    seq_len = 48
+    buffers = [rng.integers(0, 60_000, int(n)).astype(dtype) for n in rng.integers(60, 400, 5)]
+    rows = steps * per
+    which = rng.integers(0, len(buffers), rows)
+    lo = np.array([rng.integers(0, len(buffers[k]) - seq_len) for k in which], dtype=np.int64)
+    starts = [np.sort(rng.integers(1, seq_len, int(rng.integers(0, 4)))) for _ in range(rows)]
+    splits = np.concatenate(([0], np.cumsum([len(s) for s in starts]))).astype(np.int32)
+    flat = np.concatenate(starts).astype(wire.position_dtype(seq_len))
+    sources = rowlayout.RowSources(buffers, which, lo, seq_len + 1)
+    group = GroupRows(sources, flat, splits, np.dtype(dtype))
+    numbers = list(range(first, first + steps))
+    epochs = [s % 3 for s in numbers]
+    got = batchmsg.group_messages(job, numbers, 0, 1, epochs, group)
+    compact = group.compact()
+    assert compact.rows == group.rows and compact.seq_len == group.seq_len
+    assert got == batchmsg.group_messages(job, numbers, 0, 1, epochs, compact)
+    for i, (message, _) in enumerate(got):
+        back = wire.decode(pb.Batch.FromString(message))
+        want = np.stack([buffers[k][a : a + seq_len + 1] for k, a in zip(which, lo, strict=True)])
+        assert np.array_equal(back.tokens, want[i * per : (i + 1) * per])

@@ -135,14 +135,78 @@ def test_row_buffers_and_rows_are_the_same_bytes_without_the_extension(monkeypat
         monkeypatch.setattr(g, "NATIVE", native and g.NATIVE)
         buf = rowlayout.row_buffer(stream, tokens, tail, BOS, EOS, np.uint16)
         rows = rowlayout._rows(
-            [buf, tail[0]], np.array([0, 1, 0]), np.array([5, 0, 900]), 3, 7, np.dtype(np.uint16)
+            [buf.ids, tail[0].ids],
+            np.array([0, 1, 0]),
+            np.array([5, 0, 900]),
+            3,
+            7,
+            np.dtype(np.uint16),
         )
         built.append((buf, rows))
         with pytest.raises(ValueError):  # a row past its buffer's end, either way
-            rowlayout._rows([tail[0]], np.array([0]), np.array([3]), 1, 7, np.dtype(np.uint16))
+            rowlayout._rows([tail[0].ids], np.array([0]), np.array([3]), 1, 7, np.dtype(np.uint16))
     (a, rows_a), (b, rows_b) = built
     assert not a.ids.flags.writeable and not b.ids.flags.writeable
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.starts, b.starts)
     assert np.array_equal(rows_a, rows_b)
     assert np.array_equal(rows_a[1], tail[0].ids)
     assert np.array_equal(rows_a[2], a.ids[900:907])
+
+
+def _messages(native: bool, *args):
+    if native and g.NATIVE:
+        return g.messages(*args)
+    heads, tails, sources, which, at, span, fp_len, fingerprint = args
+    return g._messages_numpy(
+        heads, tails, sources, which, at, span, sources[0].itemsize, fp_len, fingerprint
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_messages_are_head_fingerprint_tail_and_rows_either_way(dtype):
+    """gather.messages: each batch's bytes are its head, the fingerprint of its rows as copied,
+    its tail, then its rows; the C call and the numpy twin make the same bytes."""
+    rng = np.random.default_rng(3)
+    sources = [rng.integers(0, 60_000, n).astype(dtype) for n in (50, 90, 17)]
+    which = np.array([2, 0, 1, 1, 0, 2], dtype=np.int64)
+    at = np.array([3, 40, 0, 80, 1, 10], dtype=np.int64)
+    heads, tails = [b"head-a", b"", b"h3"], [b"t1", b"tail-two", b""]
+    seen = []
+
+    def fingerprint(i: int, rows: memoryview) -> str:
+        seen.append((i, bytes(rows)))
+        return f"{i:02d}" + bytes(rows).hex()[:6]
+
+    made = [_messages(n, heads, tails, sources, which, at, 7, 8, fingerprint) for n in (1, 0)]
+    assert made[0] == made[1]
+    for i, message in enumerate(made[0]):
+        rows = b"".join(sources[k][a : a + 7].tobytes() for k, a in zip(which, at, strict=True))
+        mine = rows[i * 14 * sources[0].itemsize : (i + 1) * 14 * sources[0].itemsize]
+        want = heads[i] + (f"{i:02d}" + mine.hex()[:6]).encode() + tails[i] + mine
+        assert message == want
+    assert seen[:3] == seen[3:] and [i for i, _ in seen[:3]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_messages_refuse_what_they_cannot_make(native):
+    """A row past its source, rows that are not whole batches, a fingerprint of the wrong size
+    or not ASCII: ValueError either way; a view the fingerprint keeps is released."""
+    sources = [np.arange(20, dtype=np.int32)]
+    ok = np.array([0, 0], dtype=np.int64), np.array([0, 5], dtype=np.int64)
+
+    def fp(i, rows):
+        return "ab"
+
+    with pytest.raises(ValueError, match="row 1"):
+        _messages(native, [b"", b""], [b"", b""], sources, ok[0], np.array([0, 14]), 7, 2, fp)
+    with pytest.raises(ValueError, match="not 3 batches"):
+        _messages(native, [b""] * 3, [b""] * 3, sources, *ok, 7, 2, fp)
+    for bad in ("abc", "é1", 12):
+        with pytest.raises(ValueError, match="fingerprint"):
+            _messages(native, [b""] * 2, [b""] * 2, sources, *ok, 7, 2, lambda i, r, b=bad: b)
+    kept = []
+    _messages(
+        native, [b""] * 2, [b""] * 2, sources, *ok, 7, 2, lambda i, r: kept.append(r) or fp(i, r)
+    )
+    with pytest.raises(ValueError):
+        bytes(kept[0])

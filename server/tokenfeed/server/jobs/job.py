@@ -35,7 +35,7 @@ from tokenfeed.server.jobs.progress import Progress
 from tokenfeed.server.jobs.shapes import ChunkShapes
 from tokenfeed.server.objstore.storage import ObjectStorage
 from tokenfeed.server.pack import packing
-from tokenfeed.server.pack.assembly import Assembler
+from tokenfeed.server.pack.assembly import Assembler, GroupRows
 from tokenfeed.server.pack.sharedrows import SharedRows
 from tokenfeed.server.sampling import order
 from tokenfeed.server.sampling.mixture import Schedule
@@ -361,6 +361,9 @@ class Job:
 
     def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
         return self.assembler.assemble_group(plan, steps)
+
+    def group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact | GroupRows]:
+        return self.assembler.group(plan, steps)
 
     def batch(self, step: int, rank: int, world_size: int) -> tuple[int, dict[str, np.ndarray]]:
         """(epoch of the first row, the five int32 arrays [rows, seq_len]) of one rank's slice,

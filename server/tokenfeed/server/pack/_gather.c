@@ -234,9 +234,154 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(messages_doc,
+"messages(heads, tails, sources, which, src_at, span, itemsize, fp_len, fingerprint)\n\n"
+"A group's serialized messages, one bytes object per batch, each made in one pass: batch i is\n"
+"heads[i], a fingerprint of fp_len ASCII characters, tails[i], then its rows, row after row:\n"
+"row r (rows / len(heads) rows a batch) is span items of sources[which[r]] from item\n"
+"src_at[r]. Every row is checked first (ValueError, nothing made). Once batch i's rows are\n"
+"copied, fingerprint(i, view) is called with a read-only memoryview of those rows (released\n"
+"when the call returns) and its str, of fp_len ASCII characters, fills the fingerprint's\n"
+"place: no message leaves this call before it is whole. The GIL is kept.");
+
+static PyObject *messages(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *heads, *tails, *sources, *which_obj, *src_at_obj, *fingerprint;
+    Py_ssize_t span, itemsize, fp_len;
+    if (!PyArg_ParseTuple(args, "OOOOOnnnO", &heads, &tails, &sources, &which_obj, &src_at_obj,
+                          &span, &itemsize, &fp_len, &fingerprint))
+        return NULL;
+    if (itemsize < 1 || span < 0 || fp_len < 0) {
+        PyErr_SetString(PyExc_ValueError, "itemsize must be at least 1, span and fp_len >= 0");
+        return NULL;
+    }
+    if (!PyList_Check(heads) || !PyList_Check(tails) || !PyCallable_Check(fingerprint)) {
+        PyErr_SetString(PyExc_TypeError, "heads and tails must be lists, fingerprint callable");
+        return NULL;
+    }
+    Py_ssize_t batches = PyList_GET_SIZE(heads);
+    if (PyList_GET_SIZE(tails) != batches) {
+        PyErr_Format(PyExc_ValueError, "%zd heads for %zd tails", batches,
+                     PyList_GET_SIZE(tails));
+        return NULL;
+    }
+    for (Py_ssize_t b = 0; b < batches; b++)
+        if (!PyBytes_Check(PyList_GET_ITEM(heads, b)) ||
+            !PyBytes_Check(PyList_GET_ITEM(tails, b))) {
+            PyErr_Format(PyExc_TypeError, "batch %zd's head and tail must be bytes", b);
+            return NULL;
+        }
+    PyObject *seq = PySequence_Fast(sources, "sources must be a sequence of buffers");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t nsrc = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer which = {0}, src_at = {0};
+    Py_buffer *srcs = PyMem_Calloc(nsrc ? nsrc : 1, sizeof(Py_buffer));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL, *out = NULL;
+    if (srcs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < nsrc; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &srcs[got],
+                               PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+    if (int64s(which_obj, &which, "which") < 0 || int64s(src_at_obj, &src_at, "src_at") < 0)
+        goto done;
+    Py_ssize_t rows = which.len / 8;
+    if (src_at.len / 8 != rows) {
+        PyErr_Format(PyExc_ValueError, "which and src_at differ in length (%zd, %zd)", rows,
+                     src_at.len / 8);
+        goto done;
+    }
+    if (batches < 1 || rows % batches) {
+        PyErr_Format(PyExc_ValueError, "%zd rows are not %zd batches of one shape", rows,
+                     batches);
+        goto done;
+    }
+    const int64_t *k = which.buf, *from = src_at.buf;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (k[r] < 0 || k[r] >= nsrc) {
+            PyErr_Format(PyExc_ValueError, "row %zd reads source %lld of %zd", r,
+                         (long long)k[r], nsrc);
+            goto done;
+        }
+        int64_t src_items = srcs[k[r]].len / itemsize;
+        if (from[r] < 0 || from[r] > src_items - span) {
+            PyErr_Format(PyExc_ValueError, "row %zd: %zd items from %lld of a source of %lld",
+                         r, span, (long long)from[r], (long long)src_items);
+            goto done;
+        }
+    }
+    Py_ssize_t per = rows / batches, row_bytes = span * itemsize;
+    out = PyList_New(batches);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t b = 0; b < batches; b++) {
+        PyObject *head = PyList_GET_ITEM(heads, b), *tail = PyList_GET_ITEM(tails, b);
+        Py_ssize_t nh = PyBytes_GET_SIZE(head), nt = PyBytes_GET_SIZE(tail);
+        Py_ssize_t at = nh + fp_len + nt;
+        PyObject *msg = PyBytes_FromStringAndSize(NULL, at + per * row_bytes);
+        if (msg == NULL)
+            goto done;
+        PyList_SET_ITEM(out, b, msg);
+        char *m = PyBytes_AS_STRING(msg);
+        memcpy(m, PyBytes_AS_STRING(head), (size_t)nh);
+        memcpy(m + nh + fp_len, PyBytes_AS_STRING(tail), (size_t)nt);
+        for (Py_ssize_t r = 0; r < per; r++) {
+            Py_ssize_t row = b * per + r;
+            memcpy(m + at + r * row_bytes,
+                   (const char *)srcs[k[row]].buf + from[row] * itemsize, (size_t)row_bytes);
+        }
+        PyObject *view = PyMemoryView_FromMemory(m + at, per * row_bytes, PyBUF_READ);
+        if (view == NULL)
+            goto done;
+        PyObject *index = PyLong_FromSsize_t(b);
+        PyObject *fp = index ? PyObject_CallFunctionObjArgs(fingerprint, index, view, NULL) : NULL;
+        Py_XDECREF(index);
+        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        Py_DECREF(view);
+        if (released == NULL) {
+            Py_XDECREF(fp);
+            goto done;
+        }
+        Py_DECREF(released);
+        if (fp == NULL)
+            goto done;
+        Py_ssize_t fl = 0;
+        const char *fs = PyUnicode_Check(fp) && PyUnicode_IS_ASCII(fp)
+                             ? PyUnicode_AsUTF8AndSize(fp, &fl) : NULL;
+        if (fs == NULL || fl != fp_len) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "batch %zd's fingerprint is not a str of %zd "
+                             "characters", b, fp_len);
+            Py_DECREF(fp);
+            goto done;
+        }
+        memcpy(m + nh, fs, (size_t)fp_len);
+        Py_DECREF(fp);
+    }
+    result = out;
+    out = NULL;
+done:
+    Py_XDECREF(out);
+    for (Py_ssize_t j = 0; j < got; j++)
+        PyBuffer_Release(&srcs[j]);
+    PyMem_Free(srcs);
+    if (which.obj)
+        PyBuffer_Release(&which);
+    if (src_at.obj)
+        PyBuffer_Release(&src_at);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, gather_doc},
     {"row_starts", row_starts, METH_VARARGS, row_starts_doc},
+    {"messages", messages, METH_VARARGS, messages_doc},
     {NULL, NULL, 0, NULL},
 };
 

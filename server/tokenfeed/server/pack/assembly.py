@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,31 @@ if TYPE_CHECKING:
     from tokenfeed.server.store.tokstore import TokenStore
     from tokenfeed.server.tokenizer.tokenize import TextTokenizer
 
-__all__ = ["Assembler", "DatasetChunks"]
+__all__ = ["Assembler", "DatasetChunks", "GroupRows"]
+
+
+@dataclass(frozen=True)
+class GroupRows:
+    """A group's concat batches, one after another, their rows not yet copied (`sources`, in
+    the wire's `dtype`), with the document starts and row splits of the wire's form."""
+
+    sources: rowlayout.RowSources
+    starts: np.ndarray
+    row_splits: np.ndarray
+    dtype: np.dtype
+    padding: None = None  # concat rows are never padded
+
+    @property
+    def rows(self) -> int:
+        return len(self.sources.which)
+
+    @property
+    def seq_len(self) -> int:
+        return self.sources.span - 1
+
+    def compact(self) -> wire.Compact:
+        """The rows copied: the same batch as a compact one."""
+        return wire.Compact(self.sources.copy(self.dtype), self.starts, self.row_splits, None)
 
 
 class Assembler:
@@ -216,18 +241,40 @@ class Assembler:
 
     def assemble_group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
         """(epoch of each step's first row, the steps' batches as one compact batch, one after
-        another): a plan of several steps assembled in one pass, left whole for a stream to
-        serialize its batches from (serve/batchmsg.group_messages)."""
+        another): a plan of several steps assembled in one pass (`group`, its rows copied)."""
+        epochs, whole = self.group(plan, steps)
+        return epochs, whole.compact() if isinstance(whole, GroupRows) else whole
+
+    def group(self, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact | GroupRows]:
+        """`assemble_group`, left for a stream to serialize its batches from
+        (serve/batchmsg.group_messages): concat rows not yet copied (`GroupRows`: each row is
+        copied once, into its batch's message), other rows as a compact batch."""
+        if {p.packing for p in plan.parts} == {"concat"}:
+            sources, starts, splits = rowlayout.row_sources(
+                plan.rows,
+                plan.seq_len,
+                [(p.key, p.slots, p.starts) for p in plan.parts],
+                self.row_buffer,
+            )
+            dtype = self.wire_dtype
+            if all(a.dtype == dtype for a in sources.ids):  # row buffers are in it
+                pdtype = wire.position_dtype(plan.seq_len)
+                whole = GroupRows(sources, starts.astype(pdtype), splits, dtype)
+                return self._epochs(plan, steps), whole
         if steps == 1:
-            epoch, whole = self.assemble(plan)
-            return [epoch], whole
-        whole = self._compact(plan)
+            epoch, compact = self.assemble(plan)
+            return [epoch], compact
+        return self._epochs(plan, steps), self._compact(plan)
+
+    @staticmethod
+    def _epochs(plan: RowPlan, steps: int) -> list[int]:
+        """The epoch of each step's first row (of a plan of `steps` steps)."""
         per_step = plan.rows // steps
         epochs = np.zeros(steps, dtype=np.int64)
         for part in plan.parts:
             first = part.slots % per_step == 0
             epochs[part.slots[first] // per_step] = part.epochs[first]
-        return epochs.tolist(), whole
+        return epochs.tolist()
 
     def _assemble_bestfit(self, plan: RowPlan) -> dict[str, np.ndarray]:
         out = {

@@ -225,6 +225,22 @@ def _gathered(
     return ids
 
 
+@dataclass(frozen=True)
+class RowSources:
+    """Rows not yet copied: row i is positions [lo[i], lo[i] + span) of ids[which[i]]. A stream
+    serializes its batches' messages straight from them (gather.messages), one copy of each
+    row, into the message itself."""
+
+    ids: list[np.ndarray]
+    which: Int64s
+    lo: Int64s
+    span: int
+
+    def copy(self, dtype: np.dtype | type) -> np.ndarray:
+        """The rows as one [rows, span] array in `dtype` (`_rows`)."""
+        return _rows(self.ids, self.which, self.lo, len(self.which), self.span, np.dtype(dtype))
+
+
 def assemble_rows(
     rows: int,
     seq_len: int,
@@ -232,18 +248,30 @@ def assemble_rows(
     buffer: Callable[[Any, int, int, int], RowBuffer],
     dtype: np.dtype | type = np.int32,
 ) -> tuple[np.ndarray, Int64s, npt.NDArray[np.int32]]:
-    """Token ids [rows, seq_len + 1] (in `dtype`: the wire's, so nothing is converted later)
-    and the document starts inside each row (positions 1 .. seq_len - 1, row after row, with
+    """`row_sources`' rows copied: token ids [rows, seq_len + 1] in `dtype` (the wire's, so
+    nothing is converted later), with their starts and row splits."""
+    sources, starts, splits = row_sources(rows, seq_len, parts, buffer)
+    return sources.copy(dtype), starts, splits
+
+
+def row_sources(
+    rows: int,
+    seq_len: int,
+    parts: Iterable[tuple[Any, np.ndarray, RowStarts]],
+    buffer: Callable[[Any, int, int, int], RowBuffer],
+) -> tuple[RowSources, Int64s, npt.NDArray[np.int32]]:
+    """Where token ids [rows, seq_len + 1] are to be copied from (`RowSources`), and the
+    document starts inside each row (positions 1 .. seq_len - 1, row after row, with
     row splits: the wire's form) of rows that are each one slice of a row buffer. `parts`
     holds (dataset, slots, starts): row i of a part fills place slots[i] of the batch with
     positions [starts.lo[i], starts.lo[i] + seq_len + 1) of `buffer(dataset, starts.epoch[i],
     starts.chunk[i], starts.position[i])`. Every place must be filled exactly once.
 
-    Per batch: one copy of all rows (`_rows`: one call of gather.py's range copies),
-    and one call for the starts of all rows, whatever buffers they come from (gather.py's
-    `row_starts`). Rows are grouped by buffer in C-level dict and map calls: no Python
-    bytecode per row (a batch's rows come from a few buffers, shuffled, so per-buffer numpy
-    calls cost as much as per-row slices).
+    Per batch: one copy of all rows (`_rows`: one call of gather.py's range copies, or one
+    message each: gather.messages), and one call for the starts of all rows, whatever buffers
+    they come from (gather.py's `row_starts`). Rows are grouped by buffer in C-level dict and
+    map calls: no Python bytecode per row (a batch's rows come from a few buffers, shuffled,
+    so per-buffer numpy calls cost as much as per-row slices).
     A buffer's starts are positions inside it (`RowBuffer`)."""
     span = seq_len + 1
     buffers: list[RowBuffer] = []
@@ -273,19 +301,17 @@ def assemble_rows(
         of, lo = of[order], lo[order]
     if rows and int(lo.min()) < 0:
         raise ValueError(f"a row starts before its buffer (at {int(lo.min())})")
-    out = _rows(buffers, of, lo, rows, span, np.dtype(dtype))
     starts, splits = ranges.row_starts([b.starts for b in buffers], of, lo, seq_len)
-    return out, starts, splits
+    return RowSources([b.ids for b in buffers], of, lo, span), starts, splits
 
 
 def _rows(
-    buffers: Sequence[RowBuffer], of: Int64s, lo: Int64s, rows: int, span: int, dtype: np.dtype
+    ids: Sequence[np.ndarray], of: Int64s, lo: Int64s, rows: int, span: int, dtype: np.dtype
 ) -> np.ndarray:
     """Row i: positions [lo[i], lo[i] + span) of buffers[of[i]], as [rows, span] in `dtype`,
     in one call: gather.py's range copies (the GIL kept: gather.py says why) where every
     buffer is of `dtype`, else one np.concatenate of the rows' views. A row reaching past
     its buffer's end is refused (ValueError) either way."""
-    ids = [b.ids for b in buffers]
     out = np.empty((rows, span), dtype=dtype)
     if ranges.NATIVE and all(a.dtype == dtype for a in ids):
         ranges.gather(out, np.arange(0, rows * span, span), ids, of, lo, np.full(rows, span))

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenfeed.client import wire
+from tokenfeed.server.pack import gather as ranges
+from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ def _tag(number: int, wire_type: int) -> bytes:
 _STEP, _FINGERPRINT, _EPOCH = _tag(2, 0), _tag(6, 2), _tag(7, 0)
 _TOKENS, _STARTS, _ROW_SPLITS, _PADDING = _tag(13, 2), _tag(14, 2), _tag(15, 2), _tag(16, 2)
 HEADS_MAX = 4096  # stream shapes remembered (job, rank, world size, phase, batch shape)
+FINGERPRINT_CHARS = 32  # a batch's fingerprint: the hex of an xxh3-128 (wire.digest)
 
 
 class _Heads:
@@ -112,32 +115,39 @@ def group_messages(
     rank: int,
     world_size: int,
     epochs: Sequence[int],
-    whole: wire.Compact,
+    whole: wire.Compact | GroupRows,
 ) -> list[tuple[bytes, int]]:
     """The serialized tokenfeed.v1.Batch of each of a group's steps, and the bytes of its
-    compact arrays, from the group's rows assembled as one compact batch (`whole`: the steps'
-    batches one after another, as many rows each; `wire.split_rows` cuts the same batches).
-    Each message's arrays and fingerprint are slices of the group's buffers, so a batch costs
-    no numpy call; its bytes are those of the batch cut alone (tests/unit/test_batchmsg.py).
+    compact arrays, from the group's rows assembled as one batch (`whole`: the steps' batches
+    one after another, as many rows each; `wire.split_rows` cuts the same batches). Each
+    message's arrays and fingerprint are slices of the group's buffers, so a batch costs no
+    numpy call; its bytes are those of the batch cut alone (tests/unit/test_batchmsg.py).
 
     The fields that stay the same along a stream are serialized once (`_Heads`); the token
     array is appended as field 13 (a message's fields may come in any order), so its bytes are
-    copied once, straight from the assembled array (bench/, wire). The job's fields are read
-    once for the group: it is made in one stretch of the event loop, which nothing changes in
-    between; a phase's fields and fingerprint header are looked up once, not once a batch."""
+    copied once: with concat rows not yet copied (`GroupRows`), straight from the row buffers
+    into the message, the fingerprint taken over them there (gather.messages); from a compact
+    batch, from its array. The job's fields are read once for the group: it is made in one
+    stretch of the event loop, which nothing changes in between; a phase's fields and
+    fingerprint header are looked up once, not once a batch."""
     n = len(steps)
-    tokens = np.ascontiguousarray(whole.tokens)
-    if n < 1 or len(epochs) != n or len(tokens) % n:
-        raise ValueError(f"{len(tokens)} rows are not {n} batches of one shape")
-    per, seq_len = len(tokens) // n, whole.seq_len
-    code = wire.token_code(tokens.dtype)
+    rows = whole.rows
+    if n < 1 or len(epochs) != n or rows % n:
+        raise ValueError(f"{rows} rows are not {n} batches of one shape")
+    per, seq_len = rows // n, whole.seq_len
+    if isinstance(whole, GroupRows):
+        token_bytes, dtype = None, whole.dtype
+    else:
+        tokens = np.ascontiguousarray(whole.tokens)
+        token_bytes, dtype = tokens.data.cast("B"), tokens.dtype
+    code = wire.token_code(dtype)
     name, job_fingerprint, version = job.name, job.fingerprint, job.plans.version
     # Each batch's row splits, from its own first start (as split_rows cuts them).
     bounds, splits = wire.cut_splits(np.asarray(whole.row_splits, dtype="<i4"), per, n)
     starts = np.ascontiguousarray(whole.starts)
-    token_bytes, start_bytes = tokens.data.cast("B"), starts.data.cast("B")
-    split_bytes = splits.data.cast("B")
-    tokens_each, splits_each, start_size = tokens.nbytes // n, splits.nbytes // n, starts.itemsize
+    start_bytes, split_bytes = starts.data.cast("B"), splits.data.cast("B")
+    tokens_each = per * (seq_len + 1) * dtype.itemsize
+    splits_each, start_size = splits.nbytes // n, starts.itemsize
     at = [a * start_size for a in bounds.tolist()]
     paddings: list[bytes] = [b""] * n
     if whole.padding is not None:  # a group's batch without padding travels without (None)
@@ -148,7 +158,11 @@ def group_messages(
     low, high = min(steps), max(steps)
     one_phase = job.plan_of(low) if job.plans.same_phase(low, high) else None
     known: dict[tuple, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
-    out = []
+    heads: list[bytes] = []
+    tails: list[bytes] = []
+    digested: list[tuple] = []
+    payloads: list[int] = []
+    out: list[tuple[bytes, int]] = []
     for i, (step, epoch, padding) in enumerate(zip(steps, epochs, paddings, strict=True)):
         phase = one_phase or job.plan_of(step)
         padded = whole.padding is not None and (n == 1 or bool(padding))
@@ -160,29 +174,45 @@ def group_messages(
             # What the shape decides, joined once: the tokens' length is the shape's.
             found = known[(phase, padded)] = (
                 head,
-                ranks + _FINGERPRINT,
+                ranks + _FINGERPRINT + _varint(FINGERPRINT_CHARS),
                 fields,
                 plan + _TOKENS + _varint(tokens_each),
                 wire.shape_header(per, seq_len, code, padded),
             )
         head, ranks, fields, plan, header = found
-        token_part = token_bytes[i * tokens_each : (i + 1) * tokens_each]
         start_part = start_bytes[at[i] : at[i + 1]]
         split_part = split_bytes[i * splits_each : (i + 1) * splits_each]
-        fingerprint = wire.digest(
-            header, token_part, start_part, split_part, padding if padded else None
-        )
-        parts: list[bytes | memoryview] = [head]
+        before: list[bytes | memoryview] = [head]
         if step:
-            parts += (_STEP, _varint(step))
-        parts += (ranks, _varint(len(fingerprint)), fingerprint.encode())
-        if epoch:
-            parts += (_EPOCH, _varint(epoch))
-        parts.append(fields)
+            before += (_STEP, _varint(step))
+        before.append(ranks)
+        after: list[bytes | memoryview] = [_EPOCH, _varint(epoch)] if epoch else []
+        after.append(fields)
         for tag, data in ((_STARTS, start_part), (_ROW_SPLITS, split_part), (_PADDING, padding)):
             if len(data):
-                parts += (tag, _varint(len(data)), data)
-        parts += (plan, token_part)
+                after += (tag, _varint(len(data)), data)
+        after.append(plan)
+        digest = (header, start_part, split_part, padding if padded else None)
         payload = tokens_each + len(start_part) + splits_each + len(padding)
+        if token_bytes is None:
+            heads.append(b"".join(before))
+            tails.append(b"".join(after))
+            digested.append(digest)
+            payloads.append(payload)
+            continue
+        token_part = token_bytes[i * tokens_each : (i + 1) * tokens_each]
+        fingerprint = wire.digest(digest[0], token_part, *digest[1:])
+        parts = [*before, fingerprint.encode(), *after, token_part]
         out.append((b"".join(parts), payload))
-    return out
+    if token_bytes is not None:
+        return out
+    src = whole.sources  # type: ignore[union-attr]
+
+    def fingerprint_of(i: int, rows: memoryview) -> str:
+        h, s, p, d = digested[i]
+        return wire.digest(h, rows, s, p, d)
+
+    made = ranges.messages(
+        heads, tails, src.ids, src.which, src.lo, src.span, FINGERPRINT_CHARS, fingerprint_of
+    )
+    return list(zip(made, payloads, strict=True))

@@ -14,6 +14,7 @@ from tokenfeed.client.moves import MOVE_TRAILER
 from tokenfeed.server import errors
 from tokenfeed.server.jobs.explain import explain
 from tokenfeed.server.jobs.job import READY, Job
+from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.server.serve.batchmsg import serialized
 from tokenfeed.server.serve.describe import job_info, num_sources
 from tokenfeed.server.serve.planmsg import amendment, plan_info
@@ -188,7 +189,8 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
         ws = request.world_size or 1
         job = await self._checked_job(request.job, request.step, request.rank, ws)
         plan = await self.make.plan(job, [request.step], request.rank, ws, context)
-        _, compact = await self.make.built(job, plan, 1)
+        _, whole = await self.make.built(job, plan, 1)
+        compact = whole.compact() if isinstance(whole, GroupRows) else whole
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(self.io, explain, job, request.step, request.rank, ws)
         return pb.Explanation(

@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenfeed.client import wire
 from tokenfeed.server.jobs.job import READY, Job
+from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.server.sampling.planner import RowPlan
 from tokenfeed.server.serve.batchmsg import group_messages
 from tokenfeed.server.telemetry import metrics
@@ -110,12 +111,15 @@ class BatchMaker:
         await job.plans.through(steps[-1], self.io)  # never planned from a plan not final
         return await job.plan_when_built(steps, rank, world_size, self.wait(context))
 
-    async def built(self, job: Job, plan: RowPlan, steps: int) -> tuple[list[int], wire.Compact]:
-        """(epoch of each step's first row, the batches of a plan's `steps` steps as one compact
-        batch, one after another), assembled in one pass."""
+    async def built(
+        self, job: Job, plan: RowPlan, steps: int
+    ) -> tuple[list[int], wire.Compact | GroupRows]:
+        """(epoch of each step's first row, the batches of a plan's `steps` steps, one after
+        another), assembled in one pass: concat rows left to be copied into their messages
+        (`Job.group`)."""
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
-            return job.assemble_group(plan, steps)
+            return job.group(plan, steps)
 
     async def open_ahead(self, job: Job, plan: RowPlan) -> None:
         """A plan's chunks opened and its row buffers laid out before it is served; a failure
