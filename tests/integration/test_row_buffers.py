@@ -15,6 +15,9 @@ from tokenfeed.client import wire
 from tokenfeed.server.diskcache.lru import LRU
 from tokenfeed.server.errors import RequestError
 from tokenfeed.server.pack import rowlayout
+from tokenfeed.server.pack.assembly import GroupRows
+from tokenfeed.server.serve import batchmsg
+from tokenfeed.v1 import tokenfeed_pb2 as pb
 
 
 def _job(cache, corpus, packing_: str = "concat"):
@@ -80,6 +83,33 @@ def test_steps_planned_together_and_assembled_apart_are_the_steps_alone(
             assert len(got) == len(steps)
             for g, want in zip(got, alone, strict=True):
                 _same(g, want)
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_streams_rows_copied_into_their_messages_are_the_rows_assembled(
+    tmp_path, corpus, world_size
+):
+    """A stream's group of a real job (rows across chunks, their tails, an epoch's end) is
+    left uncopied (`Job.group`: GroupRows) and made into messages from its row buffers; the
+    messages are those of the same group assembled first, byte for byte, and decode to the
+    batches of each step alone."""
+    job = _job(tmp_path / "cache", corpus)
+    spe, rank = job.steps_per_epoch, world_size - 1
+    for first in (0, spe - 2):
+        steps = list(range(first, first + 4))
+        plan = job.plan_steps(steps, rank, world_size)
+        _assembled(job, plan, len(steps))  # opens its chunks, lays out its buffers
+        epochs, group = job.group(plan, len(steps))
+        assert isinstance(group, GroupRows)
+        want_epochs, whole = job.assemble_group(plan, len(steps))
+        assert epochs == want_epochs
+        got = batchmsg.group_messages(job, steps, rank, world_size, epochs, group)
+        assert got == batchmsg.group_messages(job, steps, rank, world_size, epochs, whole)
+        for step, (message, _) in zip(steps, got, strict=True):
+            back = wire.decode(pb.Batch.FromString(message))  # its fingerprint checked
+            _, alone = _assembled(job, job.plan(step, rank, world_size), 1)[0]
+            assert np.array_equal(back.tokens, alone.tokens)
+            assert np.array_equal(back.starts, alone.starts)
 
 
 def test_tails_cut_from_laid_out_buffers_equal_tails_copied_from_verified_chunks(
