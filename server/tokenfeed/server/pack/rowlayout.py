@@ -308,7 +308,7 @@ def row_sources(
 def _rows(
     ids: Sequence[np.ndarray], of: Int64s, lo: Int64s, rows: int, span: int, dtype: np.dtype
 ) -> np.ndarray:
-    """Row i: positions [lo[i], lo[i] + span) of buffers[of[i]], as [rows, span] in `dtype`,
+    """Row i: positions [lo[i], lo[i] + span) of ids[of[i]], as [rows, span] in `dtype`,
     in one call: gather.py's range copies (the GIL kept: gather.py says why) where every
     buffer is of `dtype`, else one np.concatenate of the rows' views. A row reaching past
     its buffer's end is refused (ValueError) either way."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenfeed.client import wire
 from tokenfeed.server.pack import gather as ranges
+from tokenfeed.server.pack import rowlayout
 from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
@@ -135,8 +136,10 @@ def group_messages(
     if n < 1 or len(epochs) != n or rows % n:
         raise ValueError(f"{rows} rows are not {n} batches of one shape")
     per, seq_len = rows // n, whole.seq_len
+    src: rowlayout.RowSources | None = None
     if isinstance(whole, GroupRows):
-        token_bytes, dtype = None, whole.dtype
+        src, dtype = whole.sources, whole.dtype
+        token_bytes = memoryview(b"")  # the rows go into the messages from their sources
     else:
         tokens = np.ascontiguousarray(whole.tokens)
         token_bytes, dtype = tokens.data.cast("B"), tokens.dtype
@@ -194,7 +197,7 @@ def group_messages(
         after.append(plan)
         digest = (header, start_part, split_part, padding if padded else None)
         payload = tokens_each + len(start_part) + splits_each + len(padding)
-        if token_bytes is None:
+        if src is not None:
             heads.append(b"".join(before))
             tails.append(b"".join(after))
             digested.append(digest)
@@ -204,9 +207,8 @@ def group_messages(
         fingerprint = wire.digest(digest[0], token_part, *digest[1:])
         parts = [*before, fingerprint.encode(), *after, token_part]
         out.append((b"".join(parts), payload))
-    if token_bytes is not None:
+    if src is None:
         return out
-    src = whole.sources  # type: ignore[union-attr]
 
     def fingerprint_of(i: int, rows: memoryview) -> str:
         h, s, p, d = digested[i]

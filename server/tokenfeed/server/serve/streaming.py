@@ -116,7 +116,8 @@ class BatchMaker:
     ) -> tuple[list[int], wire.Compact | GroupRows]:
         """(epoch of each step's first row, the batches of a plan's `steps` steps, one after
         another), assembled in one pass: concat rows left to be copied into their messages
-        (`Job.group`)."""
+        (`Job.group`). Those rows are read from row buffers, which the group holds, never from
+        the chunks pinned here."""
         with job.pinned(plan):  # its chunks stay in the cache until the batches are built
             await job.open_chunks(plan, self.io)  # disk work, off the event loop
             return job.group(plan, steps)
