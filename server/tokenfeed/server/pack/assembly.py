@@ -257,10 +257,11 @@ class Assembler:
                 self.row_buffer,
             )
             dtype = self.wire_dtype
+            pdtype = wire.position_dtype(plan.seq_len)
+            whole = GroupRows(sources, starts.astype(pdtype), splits, dtype)
             if all(a.dtype == dtype for a in sources.ids):  # row buffers are in it
-                pdtype = wire.position_dtype(plan.seq_len)
-                whole = GroupRows(sources, starts.astype(pdtype), splits, dtype)
                 return self._epochs(plan, steps), whole
+            return self._epochs(plan, steps), whole.compact()  # converted as it is copied
         if steps == 1:
             epoch, compact = self.assemble(plan)
             return [epoch], compact
