@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	touch $(STAMP)
 
 $(NATIVE): $(STAMP) setup.py server/tokenfeed/server/pack/_gather.c \
+		server/tokenfeed/server/pack/_rowmessages.c server/tokenfeed/server/pack/_buffers.h \
 		server/tokenfeed/server/sampling/_feistel.c
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@$(PY) -c "from tokenfeed.server.pack import gather as g; g.NATIVE or print('warning: \

@@ -14,8 +14,9 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # A C compiler for the server's extensions (tokenfeed.server.pack._gather: serving's range
-# copies with the GIL released; tokenfeed.server.sampling._feistel: the sample order's Feistel
-# network); it stays in this stage, the runtime image gets the built venv.
+# copies with the GIL released; pack._rowmessages: a stream's messages made with their rows
+# copied into them; tokenfeed.server.sampling._feistel: the sample order's Feistel network); it
+# stays in this stage, the runtime image gets the built venv.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -29,6 +30,7 @@ RUN python -m venv /opt/tokenfeed \
  && /opt/tokenfeed/bin/pip install -c constraints.txt ./client . \
  && /opt/tokenfeed/bin/tokenfeed --help >/dev/null \
  && /opt/tokenfeed/bin/python -c "from tokenfeed.server.pack import gather; assert gather.NATIVE" \
+ && /opt/tokenfeed/bin/python -c "from tokenfeed.server.pack import rowmessages as m; assert m.NATIVE" \
  && /opt/tokenfeed/bin/python -c "from tokenfeed.server.sampling import _feistel"
 
 # ---------------------------------------------------------------- runtime

@@ -155,8 +155,8 @@ def wheels(tmp_path_factory):
     )
     server, client = sorted(p.name for p in out.iterdir())
     assert client == "tokenfeed_client-0.1.0-py3-none-any.whl"
-    # The server's wheel carries its C extensions (pack._gather, sampling._feistel): a platform
-    # wheel of this Python.
+    # The server's wheel carries its C extensions (pack._gather, pack._rowmessages,
+    # sampling._feistel): a platform wheel of this Python.
     assert re.fullmatch(r"tokenfeed-0\.1\.0-cp311-cp311-linux_\w+\.whl", server), server
     return context, out
 
@@ -172,7 +172,7 @@ def test_the_context_builds_a_complete_server_wheel(wheels):
     }
     assert modules <= names
     assert any(n.endswith("entry_points.txt") for n in names)
-    for ext in ("pack/_gather", "sampling/_feistel"):
+    for ext in ("pack/_gather", "pack/_rowmessages", "sampling/_feistel"):
         assert any(re.fullmatch(rf"tokenfeed/server/{ext}\.cpython-311-.+\.so", n) for n in names)
 
 

@@ -164,16 +164,29 @@ def test_a_group_that_is_not_whole_batches_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("steps", "per", "dtype", "first"),
-    [(4, 32, np.uint16, 0), (24, 8, np.int32, 113), (1, 3, np.uint16, 0), (3, 2, np.int32, 0)],
+    ("steps", "per", "dtype", "first", "change"),
+    [
+        (4, 32, np.uint16, 0, True),
+        (24, 8, np.int32, 113, True),
+        (1, 3, np.uint16, 0, True),
+        (3, 2, np.int32, 0, True),
+        # One phase (a stream's group never spans two): heads and tails written in C around
+        # each batch's step, epoch, starts and splits, zeros and varints' size changes among.
+        (4, 32, np.uint16, 0, False),
+        (24, 8, np.int32, 113, False),
+        (6, 2, np.uint16, 16_381, False),
+        (1, 3, np.int32, 2**21 - 1, False),
+    ],
 )
 def test_messages_made_from_rows_not_yet_copied_are_those_of_the_rows_copied(
-    steps, per, dtype, first
+    steps, per, dtype, first, change
 ):
     """A group of concat rows left in their row buffers (GroupRows: a stream's usual group)
     makes, byte for byte, the messages of the same rows copied first (its compact batch),
-    across a phase change; each message decodes, its fingerprint checked, to its rows."""
-    job = _job("r", phases=((0, "first"), (first + steps // 2, "second")))
+    within one phase and across a phase change; each message decodes, its fingerprint
+    checked, to its rows."""
+    second = first + (steps // 2 if change else steps + 5)
+    job = _job("r", phases=((0, "first"), (second, "second")))
     rng = np.random.default_rng(steps * per)
     seq_len = 48
     buffers = [rng.integers(0, 60_000, int(n)).astype(dtype) for n in rng.integers(60, 400, 5)]

@@ -1,4 +1,4 @@
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from typing_extensions import Buffer
 
@@ -21,15 +21,3 @@ def row_starts(
     splits: Buffer,
     /,
 ) -> bytearray: ...
-def messages(
-    heads: list[bytes],
-    tails: list[bytes],
-    sources: Sequence[Buffer],
-    which: Buffer,
-    src_at: Buffer,
-    span: int,
-    itemsize: int,
-    fp_len: int,
-    fingerprint: Callable[[int, memoryview], str],
-    /,
-) -> list[bytes]: ...

@@ -9,11 +9,6 @@ as positions in their rows, and the rows' splits: one binary search per row boun
 kept (numpy's searchsorted lets it go; the serving thread then waits for it behind the layout
 threads), or the same arrays from one numpy searchsorted over all the buffers' starts.
 
-`messages(heads, tails, sources, which, src_at, span, fp_len, fingerprint)`: a group's
-serialized messages, each made whole in one pass: its head, its fingerprint, its tail, then its
-rows copied straight from their sources (no array of the group's rows in between), the
-fingerprint computed over the rows just copied.
-
 The memory moves of serving go through it: a chunk's documents laid out as its row buffer
 (rowlayout.row_buffer) and a batch's rows cut from row buffers (rowlayout.assemble_rows), each
 in one call into C (_gather.c, built with the package where a C compiler is present). A
@@ -27,7 +22,7 @@ give the same bytes (tests/unit/test_gather.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 
 import numpy as np
@@ -141,70 +136,3 @@ def _row_starts_numpy(
     np.add.accumulate(counts, dtype=np.int32, out=splits[1:])
     at = np.arange(int(splits[-1]), dtype=np.int64) + np.repeat(first - splits[:-1], counts)
     return joined[at] - np.repeat(base, counts), splits
-
-
-# fingerprint(i, rows): batch i's fingerprint (fp_len ASCII characters) from a read-only view
-# of its rows as copied into its message; the view is released when it returns.
-Fingerprint = Callable[[int, memoryview], str]
-
-
-def messages(
-    heads: list[bytes],
-    tails: list[bytes],
-    sources: Sequence[np.ndarray],
-    which: np.ndarray,
-    src_at: np.ndarray,
-    span: int,
-    fp_len: int,
-    fingerprint: Fingerprint,
-) -> list[bytes]:
-    """One bytes object per batch (`len(heads)` batches of `len(which) / len(heads)` rows):
-    heads[i], batch i's fingerprint, tails[i], then its rows (row r: `span` items of
-    sources[which[r]] from item src_at[r]), every source of one dtype. Every row is checked
-    before anything is made (ValueError naming the row)."""
-    dtypes = {s.dtype for s in sources}
-    if len(dtypes) > 1:
-        raise TypeError(f"sources of several dtypes: {sorted(map(str, dtypes))}")
-    itemsize = dtypes.pop().itemsize if dtypes else 1
-    whole = [np.ascontiguousarray(s) for s in sources]
-    k, at = _int64(which), _int64(src_at)
-    if _gather is not None:
-        return _gather.messages(heads, tails, whole, k, at, span, itemsize, fp_len, fingerprint)
-    return _messages_numpy(heads, tails, whole, k, at, span, itemsize, fp_len, fingerprint)
-
-
-def _messages_numpy(
-    heads: list[bytes],
-    tails: list[bytes],
-    sources: list[np.ndarray],
-    which: np.ndarray,
-    src_at: np.ndarray,
-    span: int,
-    itemsize: int,
-    fp_len: int,
-    fingerprint: Fingerprint,
-) -> list[bytes]:
-    rows, batches = len(which), len(heads)
-    if len(tails) != batches:
-        raise ValueError(f"{batches} heads for {len(tails)} tails")
-    if len(src_at) != rows:
-        raise ValueError(f"which and src_at differ in length ({rows}, {len(src_at)})")
-    if batches < 1 or rows % batches:
-        raise ValueError(f"{rows} rows are not {batches} batches of one shape")
-    for r, (k, a) in enumerate(zip(which.tolist(), src_at.tolist(), strict=True)):
-        if not 0 <= k < len(sources):
-            raise ValueError(f"row {r} reads source {k} of {len(sources)}")
-        if a < 0 or a > sources[k].size - span:
-            raise ValueError(f"row {r}: {span} items from {a} of a source of {sources[k].size}")
-    raw = [s.reshape(-1).data.cast("B") for s in sources]
-    per, out = rows // batches, []
-    for b in range(batches):
-        mine = slice(b * per, (b + 1) * per)
-        cut = zip(which[mine].tolist(), src_at[mine].tolist(), strict=True)
-        body = b"".join(raw[k][a * itemsize : (a + span) * itemsize] for k, a in cut)
-        with memoryview(body) as view:
-            fp = fingerprint(b, view)
-        if not isinstance(fp, str) or len(fp) != fp_len or not fp.isascii():
-            raise ValueError(f"batch {b}'s fingerprint is not a str of {fp_len} characters")
-        out.append(b"".join((heads[b], fp.encode(), tails[b], body)))
-    return out

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenfeed.client import wire
-from tokenfeed.server.pack import gather as ranges
-from tokenfeed.server.pack import rowlayout
+from tokenfeed.server.pack import rowlayout, rowmessages
 from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.v1 import tokenfeed_pb2 as pb
 
@@ -22,23 +21,7 @@ def serialized(message: bytes) -> bytes:
     return message
 
 
-_SMALL = [bytes([n]) for n in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    """A protobuf varint (a negative int64 as its 10-byte two's complement, as protobuf does)."""
-    if 0 <= n < 128:
-        return _SMALL[n]
-    if 0 < n < 1 << 14:  # a step, a payload's length: two bytes, without the loop
-        return bytes((n & 0x7F | 0x80, n >> 7))
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_varint = rowmessages.varint
 
 
 def _tag(number: int, wire_type: int) -> bytes:
@@ -49,6 +32,8 @@ def _tag(number: int, wire_type: int) -> bytes:
 # then a varint (0) or a length and the bytes (2); proto3 leaves out zeros and empty bytes.
 _STEP, _FINGERPRINT, _EPOCH = _tag(2, 0), _tag(6, 2), _tag(7, 0)
 _TOKENS, _STARTS, _ROW_SPLITS, _PADDING = _tag(13, 2), _tag(14, 2), _tag(15, 2), _tag(16, 2)
+# The keys of the fields a batch of a stream's group writes for itself (rowmessages.py).
+_OWN_FIELDS = _STEP + _EPOCH + _STARTS + _ROW_SPLITS
 HEADS_MAX = 4096  # stream shapes remembered (job, rank, world size, phase, batch shape)
 FINGERPRINT_CHARS = 32  # a batch's fingerprint: the hex of an xxh3-128 (wire.digest)
 
@@ -136,9 +121,8 @@ def group_messages(
     if n < 1 or len(epochs) != n or rows % n:
         raise ValueError(f"{rows} rows are not {n} batches of one shape")
     per, seq_len = rows // n, whole.seq_len
-    src: rowlayout.RowSources | None = None
     if isinstance(whole, GroupRows):
-        src, dtype = whole.sources, whole.dtype
+        dtype = whole.dtype
         token_bytes = memoryview(b"")  # the rows go into the messages from their sources
     else:
         tokens = np.ascontiguousarray(whole.tokens)
@@ -161,14 +145,9 @@ def group_messages(
     low, high = min(steps), max(steps)
     one_phase = job.plan_of(low) if job.plans.same_phase(low, high) else None
     known: dict[tuple, tuple[bytes, bytes, bytes, bytes, bytes]] = {}
-    heads: list[bytes] = []
-    tails: list[bytes] = []
-    digested: list[tuple] = []
-    payloads: list[int] = []
-    out: list[tuple[bytes, int]] = []
-    for i, (step, epoch, padding) in enumerate(zip(steps, epochs, paddings, strict=True)):
-        phase = one_phase or job.plan_of(step)
-        padded = whole.padding is not None and (n == 1 or bool(padding))
+
+    def shared(phase: tuple, padded: bool) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """The pieces around a batch's own fields, and its fingerprint's header."""
         found = known.get((phase, padded))
         if found is None:
             head, ranks, fields, plan = _heads.of(
@@ -182,7 +161,44 @@ def group_messages(
                 plan + _TOKENS + _varint(tokens_each),
                 wire.shape_header(per, seq_len, code, padded),
             )
-        head, ranks, fields, plan, header = found
+        return found
+
+    if isinstance(whole, GroupRows) and one_phase is not None and whole.padding is None:
+        # A stream's group: every batch's head and tail written in C around its own fields.
+        *parts, header = shared(one_phase, False)
+        rows_of = whole.sources
+
+        def own_fingerprint(i: int, rows: memoryview) -> str:
+            mine = split_bytes[i * splits_each : (i + 1) * splits_each]
+            return wire.digest(header, rows, start_bytes[at[i] : at[i + 1]], mine, None)
+
+        made = rowmessages.batch_messages(
+            (parts[0], parts[1], parts[2], parts[3]),
+            _OWN_FIELDS,
+            steps,
+            epochs,
+            start_bytes,
+            at,
+            split_bytes,
+            splits_each,
+            rows_of.ids,
+            rows_of.which,
+            rows_of.lo,
+            rows_of.span,
+            FINGERPRINT_CHARS,
+            own_fingerprint,
+        )
+        each = tokens_each + splits_each
+        return [(m, each + at[i + 1] - at[i]) for i, m in enumerate(made)]
+    heads: list[bytes] = []
+    tails: list[bytes] = []
+    digested: list[tuple] = []
+    payloads: list[int] = []
+    out: list[tuple[bytes, int]] = []
+    src: rowlayout.RowSources | None = whole.sources if isinstance(whole, GroupRows) else None
+    for i, (step, epoch, padding) in enumerate(zip(steps, epochs, paddings, strict=True)):
+        padded = whole.padding is not None and (n == 1 or bool(padding))
+        head, ranks, fields, plan, header = shared(one_phase or job.plan_of(step), padded)
         start_part = start_bytes[at[i] : at[i + 1]]
         split_part = split_bytes[i * splits_each : (i + 1) * splits_each]
         before: list[bytes | memoryview] = [head]
@@ -205,8 +221,8 @@ def group_messages(
             continue
         token_part = token_bytes[i * tokens_each : (i + 1) * tokens_each]
         fingerprint = wire.digest(digest[0], token_part, *digest[1:])
-        parts = [*before, fingerprint.encode(), *after, token_part]
-        out.append((b"".join(parts), payload))
+        parts_ = [*before, fingerprint.encode(), *after, token_part]
+        out.append((b"".join(parts_), payload))
     if src is None:
         return out
 
@@ -214,7 +230,7 @@ def group_messages(
         h, s, p, d = digested[i]
         return wire.digest(h, rows, s, p, d)
 
-    made = ranges.messages(
+    made = rowmessages.messages(
         heads, tails, src.ids, src.which, src.lo, src.span, FINGERPRINT_CHARS, fingerprint_of
     )
     return list(zip(made, payloads, strict=True))
