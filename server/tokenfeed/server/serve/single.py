@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tokenfeed.server.jobs.stack import check_budget, open_server
 from tokenfeed.server.operate.httpstatus import start_http
-from tokenfeed.server.serve.background import start_builds, write_ready
+from tokenfeed.server.serve.background import settle_heap, start_builds, write_ready
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.settings.config import Config
 
@@ -42,6 +42,7 @@ async def serve(config: Config, ready_file: str | None = None) -> None:
         },
     )
     tasks.append(asyncio.create_task(front.serving(stop)))
+    tasks.append(asyncio.create_task(settle_heap(jobs)))
     await stop.wait()
     await front.drain()
     for task in tasks:

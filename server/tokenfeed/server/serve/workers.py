@@ -39,7 +39,12 @@ from tokenfeed.server.jobs.stack import check_budget, open_server, open_worker
 from tokenfeed.server.operate.httpstatus import start_http
 from tokenfeed.server.pack import arenaformat
 from tokenfeed.server.serve import spread
-from tokenfeed.server.serve.background import refresh_plan, start_builds, write_ready
+from tokenfeed.server.serve.background import (
+    refresh_plan,
+    settle_heap,
+    start_builds,
+    write_ready,
+)
 from tokenfeed.server.serve.control import Supervised, SupervisorLink
 from tokenfeed.server.serve.front import Front
 from tokenfeed.server.serve.workermetrics import METRICS_SECONDS, WorkerMetrics, snapshot
@@ -214,6 +219,7 @@ async def supervise(config: Config, ready_file: str | None = None) -> None:
         tasks.append(asyncio.create_task(pool.keep_alive()))
         tasks.append(asyncio.create_task(_serving(jobs, stop)))
         tasks.append(asyncio.create_task(_let_go_of_old_rows(jobs)))
+        tasks.append(asyncio.create_task(settle_heap(jobs)))
         await stop.wait()
     finally:
         metrics.SERVING.set(0)  # draining
@@ -324,6 +330,7 @@ async def _worker(
         ),
         asyncio.create_task(_let_go_of_old_rows(jobs)),
         asyncio.create_task(front.serving(stop)),
+        asyncio.create_task(settle_heap(jobs)),
     ]
     write_ready(ready_file, {"pid": os.getpid(), "address": front.address})
     log.info("worker %d serving on %s", index, front.address)
