@@ -106,12 +106,6 @@ def test_tokens_of_a_dtype_the_wire_cannot_carry_are_refused():
         _message(_job(), 1, 0, 1, 0, bad)
 
 
-def test_varints_are_protobufs():
-    assert batchmsg._varint(0) == b"\x00"
-    for n in [*range(1, 300), 16_383, 16_384, 2**21 - 1, 2**21, 2**63 - 1, -1, -(2**63)]:
-        assert batchmsg._varint(n) == pb.Batch(epoch=n).SerializeToString()[1:]
-
-
 @pytest.mark.parametrize(
     ("steps", "per", "dtype", "padded", "first"),
     [

@@ -112,10 +112,11 @@ def group_messages(
     The fields that stay the same along a stream are serialized once (`_Heads`); the token
     array is appended as field 13 (a message's fields may come in any order), so its bytes are
     copied once: with concat rows not yet copied (`GroupRows`), straight from the row buffers
-    into the message, the fingerprint taken over them there (gather.messages); from a compact
-    batch, from its array. The job's fields are read once for the group: it is made in one
-    stretch of the event loop, which nothing changes in between; a phase's fields and
-    fingerprint header are looked up once, not once a batch."""
+    into the message, the fingerprint taken over them there (pack/rowmessages.py: in one C call
+    for a group within one phase, which also writes each batch's own fields around the pieces
+    its stream shares); from a compact batch, from its array. The job's fields are read once
+    for the group: it is made in one stretch of the event loop, which nothing changes in
+    between; a phase's fields and fingerprint header are looked up once, not once a batch."""
     n = len(steps)
     rows = whole.rows
     if n < 1 or len(epochs) != n or rows % n:
@@ -165,7 +166,7 @@ def group_messages(
 
     if isinstance(whole, GroupRows) and one_phase is not None and whole.padding is None:
         # A stream's group: every batch's head and tail written in C around its own fields.
-        *parts, header = shared(one_phase, False)
+        head, ranks, fields, plan, header = shared(one_phase, False)
         rows_of = whole.sources
 
         def own_fingerprint(i: int, rows: memoryview) -> str:
@@ -173,7 +174,7 @@ def group_messages(
             return wire.digest(header, rows, start_bytes[at[i] : at[i + 1]], mine, None)
 
         made = rowmessages.batch_messages(
-            (parts[0], parts[1], parts[2], parts[3]),
+            (head, ranks, fields, plan),
             _OWN_FIELDS,
             steps,
             epochs,
@@ -221,8 +222,8 @@ def group_messages(
             continue
         token_part = token_bytes[i * tokens_each : (i + 1) * tokens_each]
         fingerprint = wire.digest(digest[0], token_part, *digest[1:])
-        parts_ = [*before, fingerprint.encode(), *after, token_part]
-        out.append((b"".join(parts_), payload))
+        parts = [*before, fingerprint.encode(), *after, token_part]
+        out.append((b"".join(parts), payload))
     if src is None:
         return out
 
