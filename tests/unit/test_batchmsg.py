@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from tokenfeed.client import wire
-from tokenfeed.server.pack import rowlayout
+from tokenfeed.server.pack import rowlayout, rowmessages
 from tokenfeed.server.pack.assembly import GroupRows
 from tokenfeed.server.serve import batchmsg
 from tokenfeed.v1 import tokenfeed_pb2 as pb
@@ -172,13 +172,16 @@ def test_a_group_that_is_not_whole_batches_is_refused():
         (1, 3, np.int32, 2**21 - 1, False),
     ],
 )
+@pytest.mark.parametrize("native", [True, False])
 def test_messages_made_from_rows_not_yet_copied_are_those_of_the_rows_copied(
-    steps, per, dtype, first, change
+    steps, per, dtype, first, change, native, monkeypatch
 ):
     """A group of concat rows left in their row buffers (GroupRows: a stream's usual group)
     makes, byte for byte, the messages of the same rows copied first (its compact batch),
-    within one phase and across a phase change; each message decodes, its fingerprint
-    checked, to its rows."""
+    within one phase and across a phase change, with the C extension and with its twin; each
+    message decodes, its fingerprint checked, to its rows."""
+    if not native:
+        monkeypatch.setattr(rowmessages, "_rowmessages", None)
     second = first + (steps // 2 if change else steps + 5)
     job = _job("r", phases=((0, "first"), (second, "second")))
     rng = np.random.default_rng(steps * per)
