@@ -153,6 +153,15 @@ static PyObject *message(const Rows *g, Py_ssize_t b, const Piece *head, int nh,
     return msg;
 }
 
+/* msg as item b of *out; on its failure (NULL) the list is dropped, which ends the call's loop. */
+static void put(PyObject **out, Py_ssize_t b, PyObject *msg)
+{
+    if (msg == NULL)
+        Py_CLEAR(*out);
+    else
+        PyList_SET_ITEM(*out, b, msg);
+}
+
 PyDoc_STRVAR(messages_doc,
 "messages(heads, tails, sources, which, src_at, span, itemsize, fp_len, fingerprint)\n\n"
 "A group's serialized messages, one bytes object per batch, each made in one pass: batch i is\n"
@@ -196,11 +205,7 @@ static PyObject *messages(PyObject *self, PyObject *args)
         PyObject *h = PyList_GET_ITEM(heads, b), *t = PyList_GET_ITEM(tails, b);
         Piece head = {PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h)};
         Piece tail = {PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t)};
-        PyObject *msg = message(&g, b, &head, 1, &tail, 1, fp_len, fingerprint);
-        if (msg == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, b, msg);
+        put(&out, b, message(&g, b, &head, 1, &tail, 1, fp_len, fingerprint));
     }
 done:
     rows_close(&g);
@@ -315,11 +320,7 @@ static PyObject *batch_messages(PyObject *self, PyObject *args)
             tail[nt++] = (Piece){(const char *)splits.buf + b * splits_each, splits_each};
         }
         tail[nt++] = part[3];
-        PyObject *msg = message(&g, b, head, nh, tail, nt, fp_len, fingerprint);
-        if (msg == NULL)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, b, msg);
+        put(&out, b, message(&g, b, head, nh, tail, nt, fp_len, fingerprint));
     }
 done:
     rows_close(&g);

@@ -36,7 +36,8 @@ except ImportError:  # built without a C compiler: the numpy twin below
 NATIVE = _gather is not None
 
 
-def _int64(a: np.ndarray | Sequence[int]) -> np.ndarray:
+def int64s(a: np.ndarray | Sequence[int]) -> np.ndarray:
+    """`a` as a contiguous int64 array (what the C extensions take; no copy where it is one)."""
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
@@ -56,7 +57,7 @@ def gather(
     for s in sources:
         if s.dtype != dst.dtype:
             raise TypeError(f"a source of {s.dtype} for a destination of {dst.dtype}")
-    args = (_int64(dst_at), _int64(which), _int64(src_at), _int64(lengths))
+    args = (int64s(dst_at), int64s(which), int64s(src_at), int64s(lengths))
     if _gather is None:
         _gather_numpy(dst, sources, *args)
         return
@@ -102,7 +103,7 @@ def row_starts(
     - 1 of each row, row after row; int32 row splits, rows + 1): row r is [lo[r], lo[r] +
     seq_len + 1) of buffer which[r], whose ascending document starts are starts[which[r]]."""
     rows = len(which)
-    k, at = _int64(which), _int64(lo)
+    k, at = int64s(which), int64s(lo)
     if len(at) != rows:
         raise ValueError(f"which and lo differ in length ({rows}, {len(at)})")
     if _gather is None:
@@ -111,9 +112,9 @@ def row_starts(
                 f"row {int(np.argmax((k < 0) | (k >= len(starts))))} reads a "
                 f"buffer outside the {len(starts)} given"
             )
-        return _row_starts_numpy([_int64(s) for s in starts], k, at, seq_len)
+        return _row_starts_numpy([int64s(s) for s in starts], k, at, seq_len)
     splits = np.empty(rows + 1, dtype=np.int32)
-    found = _gather.row_starts([_int64(s) for s in starts], k, at, seq_len, splits)
+    found = _gather.row_starts([int64s(s) for s in starts], k, at, seq_len, splits)
     return np.frombuffer(found, dtype=np.int64), splits
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numpy as np
+from tokenfeed.server.pack.gather import int64s
 
 _rowmessages: ModuleType | None
 try:
@@ -59,10 +60,6 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _int64(a: np.ndarray | Sequence[int]) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
 def _contiguous(sources: Sequence[np.ndarray]) -> tuple[list[np.ndarray], int]:
     """The sources made contiguous, and their one itemsize (TypeError for several dtypes)."""
     dtypes = {s.dtype for s in sources}
@@ -87,7 +84,7 @@ def messages(
     sources[which[r]] from item src_at[r]), every source of one dtype. Every row is checked
     before anything is made (ValueError naming the row)."""
     whole, itemsize = _contiguous(sources)
-    args = (heads, tails, whole, _int64(which), _int64(src_at), span, itemsize, fp_len)
+    args = (heads, tails, whole, int64s(which), int64s(src_at), span, itemsize, fp_len)
     if _rowmessages is not None:
         return _rowmessages.messages(*args, fingerprint)
     return _messages_py(*args, fingerprint)
@@ -119,15 +116,15 @@ def batch_messages(
     args = (
         tuple(parts),
         bytes(tags),
-        _int64(steps),
-        _int64(epochs),
+        int64s(steps),
+        int64s(epochs),
         starts,
-        _int64(start_at),
+        int64s(start_at),
         splits,
         splits_each,
         whole,
-        _int64(which),
-        _int64(src_at),
+        int64s(which),
+        int64s(src_at),
         span,
         itemsize,
         fp_len,
