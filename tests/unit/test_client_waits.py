@@ -7,7 +7,7 @@ import inspect
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenfeed.client import AsyncClient, Client, TokenfeedClientError, WireError
 from tokenfeed.client import errors as client_errors
@@ -76,6 +76,38 @@ def test_bucketed_histogram_exports_an_ordinary_histogram():
     assert samples[("t_wait_seconds_bucket", "+Inf")] == 5
     assert samples[("t_wait_seconds_count", None)] == 5
     assert samples[("t_wait_seconds_sum", None)] == pytest.approx(7.501)
+
+
+def test_bucketed_observations_count_as_prometheus_histograms_observes():
+    """observe(value, times) exports what prometheus_client's Histogram does after `times`
+    observe(value) calls, values on a bucket's bound included (`le`: at most the bound)."""
+    values = [(0.0004, 1), (0.0005, 3), (0.0007, 2), (0.001, 1), (2.0, 5), (99.0, 2), (0.3, 0)]
+    bounds = (0.0005, 0.001, 0.5, 60.0)
+    mine, theirs = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
+    hist = BucketedHistogram("t_seconds", "s", "method", bounds, mine)
+    ref = Histogram("t_seconds", "s", ["method"], buckets=bounds, registry=theirs)
+    for value, times in values:
+        hist.labels("m").observe(value, times)
+        for _ in range(times):
+            ref.labels("m").observe(value)
+    hist.labels("m").observe(0.002)  # once by default
+    ref.labels("m").observe(0.002)
+
+    def samples(registry):
+        text = generate_latest(registry).decode()
+        [family] = [f for f in text_string_to_metric_families(text) if f.name == "t_seconds"]
+        return {
+            (s.name, s.labels.get("le")): s.value
+            for s in family.samples
+            if not s.name.endswith("_created")
+        }
+
+    got, want = samples(mine), samples(theirs)
+    assert got.keys() == want.keys() and got[("t_seconds_count", None)] == 15
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key
+    with pytest.raises(ValueError, match="times"):
+        hist.labels("m").observe(1.0, -1)
 
 
 def test_every_client_error_is_a_tokenfeed_client_error_with_a_grpc_code():

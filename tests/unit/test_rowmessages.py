@@ -3,6 +3,7 @@ sources, and the twins that run without a C compiler (the same bytes, the same r
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import numpy as np
@@ -32,7 +33,7 @@ def _batch_messages(native: bool, *args):
     if native and rm.NATIVE:
         return rm.batch_messages(*args)
     parts, tags, steps, epochs, starts, start_at, splits, each, sources, *rest = args
-    which, at, span, fp_len, fingerprint = rest
+    which, at, span, fp_len, hasher, header = rest
     return rm._batch_messages_py(
         tuple(parts),
         bytes(tags),
@@ -48,8 +49,25 @@ def _batch_messages(native: bool, *args):
         span,
         sources[0].itemsize,
         fp_len,
-        fingerprint,
+        hasher,
+        header,
     )
+
+
+class _Toy:
+    """A hasher whose digest shows what it was given, and in which order: header, then each
+    update, each ended by "|"; hexdigest: the first `size` hex characters of its MD5."""
+
+    size = 10
+
+    def __init__(self, header: bytes):
+        self.seen = bytearray(header)
+
+    def update(self, data) -> None:
+        self.seen += bytes(data) + b"|"
+
+    def hexdigest(self) -> str:
+        return hashlib.md5(self.seen).hexdigest()[: self.size]
 
 
 def _varint(n: int) -> bytes:
@@ -149,10 +167,7 @@ def test_batch_messages_write_each_batchs_own_fields_around_the_shared_pieces(
     which = rng.integers(0, 2, batches * per).astype(np.int64)
     at = np.array([rng.integers(0, sources[k].size - 5 + 1) for k in which], dtype=np.int64)
 
-    def fingerprint(i: int, rows: memoryview) -> str:
-        return f"{i}:{bytes(rows).hex()}"[:10].ljust(10, ".")
-
-    heads, tails = [], []
+    heads, tails, own = [], [], []
     for i in range(batches):
         step = TAGS[0:1] + _varint(steps[i]) if steps[i] else b""
         heads.append(PARTS[0] + step + PARTS[1])
@@ -162,10 +177,15 @@ def test_batch_messages_write_each_batchs_own_fields_around_the_shared_pieces(
         for tag, field in ((TAGS[2:3], mine), (TAGS[3:4], rows)):
             tail += tag + _varint(len(field)) + field if field else b""
         tails.append(tail + PARTS[3])
+        own.append(b"".join(part + b"|" for part in (mine, rows)))
+
+    def fingerprint(i: int, rows: memoryview) -> str:  # header, rows, starts, splits
+        return hashlib.md5(b"head" + bytes(rows) + b"|" + own[i]).hexdigest()[:10]
+
     want = _messages(False, heads, tails, sources, which, at, 5, 10, fingerprint)
     args = (PARTS, TAGS, steps, epochs, starts, start_at, splits, each, sources, which, at, 5)
     for native in (True, False):
-        assert _batch_messages(native, *args, 10, fingerprint) == want
+        assert _batch_messages(native, *args, 10, _Toy, b"head") == want
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -202,8 +222,9 @@ def test_batch_messages_refuse_what_they_cannot_make(native):
             which,
             a["at"],
             7,
-            2,
-            lambda i, r: "ab",
+            _Toy.size,
+            _Toy,
+            b"",
         )
 
     assert len(call()) == 2
@@ -223,3 +244,38 @@ def test_batch_messages_refuse_what_they_cannot_make(native):
             call(**change)
     with pytest.raises(TypeError, match="part 1"):
         call(parts=(b"", "text", b"", b""))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_batch_messages_pass_on_a_hashers_error_and_refuse_a_short_digest(native):
+    """A hasher that raises is the call's error (not a SystemError), whatever step it fails
+    at; a digest of the wrong length is refused (ValueError naming the batch)."""
+    sources = [np.arange(20, dtype=np.int32)]
+    which, at = np.zeros(2, dtype=np.int64), np.array([0, 5], dtype=np.int64)
+
+    def call(hasher, fp_len=_Toy.size):
+        args = (PARTS, TAGS, [1, 2], [0, 0], b"x" * 16, [0, 8, 16], b"y" * 8, 4, sources)
+        return _batch_messages(native, *args, which, at, 7, fp_len, hasher, b"h")
+
+    class Fails(_Toy):
+        def __init__(self, header: bytes, where: str):
+            super().__init__(header)
+            self.where = where
+            if where == "make":
+                raise KeyError("no hasher")
+
+        def update(self, data) -> None:
+            if self.where == "update":
+                raise KeyError("no update")
+            super().update(data)
+
+        def hexdigest(self) -> str:
+            if self.where == "digest":
+                raise KeyError("no digest")
+            return super().hexdigest()
+
+    for where in ("make", "update", "digest"):
+        with pytest.raises(KeyError, match=f"no {where[:6] if where != 'make' else 'hasher'}"):
+            call(lambda header, w=where: Fails(header, w))
+    with pytest.raises(ValueError, match="batch 0's fingerprint"):
+        call(_Toy, fp_len=_Toy.size + 1)

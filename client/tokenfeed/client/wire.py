@@ -185,6 +185,9 @@ def fingerprint(c: Compact) -> str:
 
 
 _Bytes = bytes | memoryview
+# The fingerprint's hash: `digest` is HASHER(header) updated with the arrays' bytes, then its
+# hexdigest (a server's C extension takes it the same way: server/pack/rowmessages.py).
+HASHER = xxhash.xxh3_128
 
 
 def digest(
@@ -192,7 +195,7 @@ def digest(
 ) -> str:
     """The hex xxh3-128 of a header and a batch's compact bytes, in the fingerprint's order:
     the arrays' buffers on a server, the received bytes on a client (the same bytes)."""
-    h = xxhash.xxh3_128(header)
+    h = HASHER(header)
     h.update(tokens)
     h.update(starts)
     h.update(splits)

@@ -92,11 +92,57 @@ typedef struct {
 
 #define MOST_PIECES 12
 
+/* How a batch's fingerprint is made: by a callback, fingerprint(b, view) with a read-only
+ * view of its rows as copied; or here, as hasher(header) updated with the rows, then each of
+ * `also` (the batch's starts and row splits), its hexdigest() taken. */
+typedef struct {
+    PyObject *fingerprint, *hasher, *header;
+    Piece also[2];
+} Fp;
+
+/* obj.update(a read-only view of n bytes at p), the view released after; -1 on an error. */
+static int update(PyObject *obj, PyObject *name, const char *p, Py_ssize_t n)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL)
+        return -1;
+    PyObject *done = PyObject_CallMethodOneArg(obj, name, view);
+    /* Released whether or not the update raised; its error is the one kept. */
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *released = PyObject_CallMethod(view, "release", NULL);
+    Py_DECREF(view);
+    if (type != NULL) {
+        PyErr_Clear();
+        PyErr_Restore(type, value, trace);
+    }
+    int ok = done != NULL && released != NULL;
+    Py_XDECREF(done);
+    Py_XDECREF(released);
+    return ok ? 0 : -1;
+}
+
+static PyObject *s_update, *s_hexdigest;
+
+/* The fingerprint of rows [p, p + n) by `fp`'s hasher: a new str, or NULL. */
+static PyObject *hashed(const Fp *fp, const char *p, Py_ssize_t n)
+{
+    PyObject *h = PyObject_CallOneArg(fp->hasher, fp->header);
+    if (h == NULL)
+        return NULL;
+    int bad = update(h, s_update, p, n) < 0;
+    for (int i = 0; i < 2 && !bad; i++)
+        bad = update(h, s_update, fp->also[i].p, fp->also[i].n) < 0;
+    PyObject *out = bad ? NULL : PyObject_CallMethodNoArgs(h, s_hexdigest);
+    Py_DECREF(h);
+    return out;
+}
+
 /* Batch b's message: the head's pieces, fp_len bytes left for the fingerprint, the tail's
- * pieces, then its rows. fingerprint(b, view) is called with a read-only view of the rows as
- * copied (released when it returns); its str of fp_len ASCII characters fills its place. */
+ * pieces, then its rows; the fingerprint (`Fp`: a str of fp_len ASCII characters) fills its
+ * place. */
 static PyObject *message(const Rows *g, Py_ssize_t b, const Piece *head, int nh,
-                         const Piece *tail, int nt, Py_ssize_t fp_len, PyObject *fingerprint)
+                         const Piece *tail, int nt, Py_ssize_t fp_len, const Fp *how)
 {
     Py_ssize_t before = 0, after = 0;
     for (int i = 0; i < nh; i++)
@@ -119,10 +165,15 @@ static PyObject *message(const Rows *g, Py_ssize_t b, const Piece *head, int nh,
         memcpy(m + at + r * g->row_bytes, src + g->from[row] * g->itemsize,
                (size_t)g->row_bytes);
     }
-    PyObject *view = PyMemoryView_FromMemory(m + at, size, PyBUF_READ);
-    PyObject *index = view ? PyLong_FromSsize_t(b) : NULL;
-    PyObject *fp = index ? PyObject_CallFunctionObjArgs(fingerprint, index, view, NULL) : NULL;
-    Py_XDECREF(index);
+    PyObject *fp = NULL, *view = NULL;
+    if (how->fingerprint == NULL) {
+        fp = hashed(how, m + at, size);
+    } else {
+        view = PyMemoryView_FromMemory(m + at, size, PyBUF_READ);
+        PyObject *index = view ? PyLong_FromSsize_t(b) : NULL;
+        fp = index ? PyObject_CallFunctionObjArgs(how->fingerprint, index, view, NULL) : NULL;
+        Py_XDECREF(index);
+    }
     if (view != NULL) {
         /* Released whether or not the callback raised; its error is the one kept. */
         PyObject *type, *value, *trace;
@@ -205,7 +256,8 @@ static PyObject *messages(PyObject *self, PyObject *args)
         PyObject *h = PyList_GET_ITEM(heads, b), *t = PyList_GET_ITEM(tails, b);
         Piece head = {PyBytes_AS_STRING(h), PyBytes_GET_SIZE(h)};
         Piece tail = {PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t)};
-        put(&out, b, message(&g, b, &head, 1, &tail, 1, fp_len, fingerprint));
+        Fp how = {fingerprint, NULL, NULL, {{NULL, 0}, {NULL, 0}}};
+        put(&out, b, message(&g, b, &head, 1, &tail, 1, fp_len, &how));
     }
 done:
     rows_close(&g);
@@ -225,27 +277,29 @@ static Py_ssize_t varint(char *out, int64_t v)
 
 PyDoc_STRVAR(batch_messages_doc,
 "batch_messages(parts, tags, steps, epochs, starts, start_at, splits, splits_each, sources,\n"
-"               which, src_at, span, itemsize, fp_len, fingerprint)\n\n"
+"               which, src_at, span, itemsize, fp_len, hasher, header)\n\n"
 "`messages` with each batch's head and tail written here. parts: four bytes (a, b, c, d);\n"
 "tags: four one-byte field keys (t0 .. t3). Batch i's head is a, the varint field t0 of\n"
 "steps[i] (left out where 0), b; its tail the varint field t1 of epochs[i] (left out where 0),\n"
 "c, the length-delimited field t2 of starts[start_at[i]:start_at[i + 1]] and t3 of\n"
 "splits[i * splits_each:(i + 1) * splits_each] (each left out where empty), d. len(steps)\n"
-"batches; start_at holds len(steps) + 1 ascending byte offsets.");
+"batches; start_at holds len(steps) + 1 ascending byte offsets. Batch i's fingerprint is made\n"
+"here: hasher(header), updated with its rows as copied, its starts, then its row splits (each a\n"
+"read-only memoryview, released after), and its hexdigest(), a str of fp_len ASCII characters.");
 
 static PyObject *batch_messages(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *parts, *tags, *steps_obj, *epochs_obj, *starts_obj, *start_at_obj, *splits_obj;
-    PyObject *sources, *which, *src_at, *fingerprint;
+    PyObject *sources, *which, *src_at, *hasher, *header;
     Py_ssize_t splits_each, span, itemsize, fp_len;
-    if (!PyArg_ParseTuple(args, "O!SOOOOOnOOOnnnO", &PyTuple_Type, &parts, &tags, &steps_obj,
+    if (!PyArg_ParseTuple(args, "O!SOOOOOnOOOnnnOS", &PyTuple_Type, &parts, &tags, &steps_obj,
                           &epochs_obj, &starts_obj, &start_at_obj, &splits_obj, &splits_each,
-                          &sources, &which, &src_at, &span, &itemsize, &fp_len, &fingerprint))
+                          &sources, &which, &src_at, &span, &itemsize, &fp_len, &hasher,
+                          &header))
         return NULL;
-    if (fp_len < 0 || splits_each < 0 || !PyCallable_Check(fingerprint)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "fp_len and splits_each must be >= 0, fingerprint callable");
+    if (fp_len < 0 || splits_each < 0 || !PyCallable_Check(hasher)) {
+        PyErr_SetString(PyExc_ValueError, "fp_len and splits_each must be >= 0, hasher callable");
         return NULL;
     }
     if (PyTuple_GET_SIZE(parts) != 4 || PyBytes_GET_SIZE(tags) != 4) {
@@ -320,7 +374,10 @@ static PyObject *batch_messages(PyObject *self, PyObject *args)
             tail[nt++] = (Piece){(const char *)splits.buf + b * splits_each, splits_each};
         }
         tail[nt++] = part[3];
-        put(&out, b, message(&g, b, head, nh, tail, nt, fp_len, fingerprint));
+        Fp how = {NULL, hasher, header,
+                  {{(const char *)starts.buf + cut[b], n},
+                   {(const char *)splits.buf + b * splits_each, splits_each}}};
+        put(&out, b, message(&g, b, head, nh, tail, nt, fp_len, &how));
     }
 done:
     rows_close(&g);
@@ -345,5 +402,9 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__rowmessages(void)
 {
+    s_update = PyUnicode_InternFromString("update");
+    s_hexdigest = PyUnicode_InternFromString("hexdigest");
+    if (s_update == NULL || s_hexdigest == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -1,4 +1,5 @@
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from typing_extensions import Buffer
 
@@ -29,6 +30,7 @@ def batch_messages(
     span: int,
     itemsize: int,
     fp_len: int,
-    fingerprint: Callable[[int, memoryview], str],
+    hasher: Callable[[bytes], Any],
+    header: bytes,
     /,
 ) -> list[bytes]: ...

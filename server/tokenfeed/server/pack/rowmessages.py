@@ -7,13 +7,15 @@ stream's messages with it).
 and tail given by the caller.
 
 `batch_messages(parts, tags, steps, epochs, starts, start_at, splits, splits_each, sources,
-which, src_at, span, fp_len, fingerprint)`: the same messages, each batch's head and tail
+which, src_at, span, fp_len, hasher, header)`: the same messages, each batch's head and tail
 written here from the four pieces that every batch of a stream's group shares (`parts`) and
 the batch's own fields: its step and epoch (varints, left out where 0, as protobuf leaves out
 zeros) and its slices of the group's document starts and row splits (length-delimited, left
-out where empty). A batch then costs no Python but its fingerprint's callback: a group of 32
-small batches ran about 2.5 us a batch of Python to make each head and tail (bench/, wire
-section).
+out where empty), and its fingerprint taken here too: `hasher(header)` (an xxh3-128 and the
+shape's header, as wire.digest starts) updated with the rows as copied, the batch's starts and
+its row splits, then its hexdigest. A batch then costs no Python of ours: a group of 32 small
+batches ran about 2.5 us a batch of Python to make each head and tail, and a callback for the
+fingerprint about 2 us more (bench/, wire section).
 
 Both run in C (_rowmessages.c, built with the package where a C compiler is present: `NATIVE`),
 else as their twins below, which make the same bytes and refuse the same input
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 from tokenfeed.server.pack.gather import int64s
@@ -39,6 +42,8 @@ NATIVE = _rowmessages is not None
 # fingerprint(i, rows): batch i's fingerprint (fp_len ASCII characters) from a read-only view
 # of its rows as copied into its message; the view is released when it returns.
 Fingerprint = Callable[[int, memoryview], str]
+# hasher(header): an object whose update(bytes) and hexdigest() make a fingerprint (xxh3-128).
+Hasher = Callable[[bytes], Any]
 _Bytes = bytes | bytearray | memoryview
 
 _SMALL = [bytes([n]) for n in range(128)]
@@ -104,14 +109,16 @@ def batch_messages(
     src_at: np.ndarray,
     span: int,
     fp_len: int,
-    fingerprint: Fingerprint,
+    hasher: Hasher,
+    header: bytes,
 ) -> list[bytes]:
     """`messages`, batch i's head and tail written here: parts (a, b, c, d), tags (four
     one-byte field keys t0 .. t3). Its head is a, field t0 of steps[i] (a varint; left out
     where 0), b; its tail field t1 of epochs[i] (likewise), c, field t2 of the bytes
     starts[start_at[i]:start_at[i + 1]] and field t3 of splits[i * splits_each:(i + 1) *
     splits_each] (each length-delimited; left out where empty), d. `len(steps)` batches;
-    `start_at`: one byte offset more than batches, ascending."""
+    `start_at`: one byte offset more than batches, ascending. Its fingerprint: hasher(header)
+    updated with its rows, its starts and its row splits, then hexdigest()."""
     whole, itemsize = _contiguous(sources)
     args = (
         tuple(parts),
@@ -130,8 +137,8 @@ def batch_messages(
         fp_len,
     )
     if _rowmessages is not None:
-        return _rowmessages.batch_messages(*args, fingerprint)
-    return _batch_messages_py(*args, fingerprint)
+        return _rowmessages.batch_messages(*args, hasher, bytes(header))
+    return _batch_messages_py(*args, hasher, bytes(header))
 
 
 def _batch_messages_py(
@@ -149,10 +156,11 @@ def _batch_messages_py(
     span: int,
     itemsize: int,
     fp_len: int,
-    fingerprint: Fingerprint,
+    hasher: Hasher,
+    header: bytes,
 ) -> list[bytes]:
-    if fp_len < 0 or splits_each < 0 or not callable(fingerprint):
-        raise ValueError("fp_len and splits_each must be >= 0, fingerprint callable")
+    if fp_len < 0 or splits_each < 0 or not callable(hasher):
+        raise ValueError("fp_len and splits_each must be >= 0, hasher callable")
     if len(parts) != 4 or len(tags) != 4:
         raise ValueError("parts must be 4 bytes objects, tags 4 bytes")
     for i, p in enumerate(parts):
@@ -176,7 +184,7 @@ def _batch_messages_py(
         raise ValueError(
             f"{batches} batches of {splits_each} bytes of row splits: {len(splits_b)} given"
         )
-    heads, tails = [], []
+    heads, tails, own = [], [], []
     for i, (step, epoch) in enumerate(zip(steps.tolist(), epochs.tolist(), strict=True)):
         heads.append(b"".join((a, *((tags[0:1], varint(step)) if step else ()), b)))
         mine = bytes(starts_b[cut[i] : cut[i + 1]])
@@ -186,6 +194,14 @@ def _batch_messages_py(
             if data:
                 tail += (tag, varint(len(data)), data)
         tails.append(b"".join((*tail, d)))
+        own.append((mine, rows))
+
+    def fingerprint(i: int, view: memoryview) -> str:
+        h = hasher(header)
+        for data in (view, *own[i]):
+            h.update(data)
+        return h.hexdigest()
+
     return _messages_py(heads, tails, sources, which, src_at, span, itemsize, fp_len, fingerprint)
 
 

@@ -114,7 +114,8 @@ def group_messages(
     copied once: with concat rows not yet copied (`GroupRows`), straight from the row buffers
     into the message, the fingerprint taken over them there (pack/rowmessages.py: in one C call
     for a group within one phase, which also writes each batch's own fields around the pieces
-    its stream shares); from a compact batch, from its array. The job's fields are read once
+    its stream shares and takes each fingerprint itself); from a compact batch, from its
+    array. The job's fields are read once
     for the group: it is made in one stretch of the event loop, which nothing changes in
     between; a phase's fields and fingerprint header are looked up once, not once a batch."""
     n = len(steps)
@@ -168,11 +169,6 @@ def group_messages(
         # A stream's group: every batch's head and tail written in C around its own fields.
         head, ranks, fields, plan, header = shared(one_phase, False)
         rows_of = whole.sources
-
-        def own_fingerprint(i: int, rows: memoryview) -> str:
-            mine = split_bytes[i * splits_each : (i + 1) * splits_each]
-            return wire.digest(header, rows, start_bytes[at[i] : at[i + 1]], mine, None)
-
         made = rowmessages.batch_messages(
             (head, ranks, fields, plan),
             _OWN_FIELDS,
@@ -187,7 +183,8 @@ def group_messages(
             rows_of.lo,
             rows_of.span,
             FINGERPRINT_CHARS,
-            own_fingerprint,
+            wire.HASHER,  # each fingerprint as wire.digest takes it, in C
+            header,
         )
         each = tokens_each + splits_each
         return [(m, each + at[i + 1] - at[i]) for i, m in enumerate(made)]

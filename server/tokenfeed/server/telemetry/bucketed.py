@@ -6,10 +6,17 @@ value per `observe`, which would mean re-observing a stand-in value per wait and
 `_sum`. This collector adds the reported counts and sums as they are, per label value, and
 exports them as an ordinary histogram family (`_bucket`, `_count`, `_sum`), so dashboards,
 rules and the supervisor's sum over workers (serve/workermetrics.py) treat it like any other.
+
+A child also takes one value observed several times at once (`observe(value, times)`): a
+stream's group of batches made in one pass is that many observations of the group's time per
+batch, counted with one lock instead of one prometheus_client `observe` a batch (about 2 us
+each, a few percent of a lone server's CPU with eight ranks of small batches: bench/, wire
+section).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,10 +29,20 @@ from prometheus_client.utils import floatToGoString
 class BucketedChild:
     """One label value's buckets (not cumulative), sum and lock."""
 
-    def __init__(self, size: int):
+    def __init__(self, bounds: tuple[float, ...]):
         self._lock = threading.Lock()
-        self.counts = [0] * size
+        self.bounds = bounds  # finite upper bounds; the last bucket is +Inf
+        self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        """`value` observed `times` times: in the first bucket whose bound it does not pass."""
+        if times < 0:
+            raise ValueError(f"times must be >= 0, got {times}")
+        i = bisect.bisect_left(self.bounds, value)
+        with self._lock:
+            self.counts[i] += times
+            self.total += value * times
 
     def add(self, counts: Sequence[int], total: float) -> None:
         if len(counts) != len(self.counts):
@@ -62,7 +79,7 @@ class BucketedHistogram:
         with self._lock:
             child = self._children.get(value)
             if child is None:
-                child = self._children[value] = BucketedChild(len(self.bounds) + 1)
+                child = self._children[value] = BucketedChild(self.bounds)
             return child
 
     def describe(self) -> list[Metric]:

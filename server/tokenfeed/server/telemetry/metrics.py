@@ -40,12 +40,14 @@ REQUESTS = Counter(
     ["method", "code"],
     registry=REGISTRY,
 )
-REQUEST_SECONDS = Histogram(
+# A stream's group of batches, made in one pass, counts as that many observations of its time
+# per batch, added at once (telemetry/bucketed.py).
+REQUEST_SECONDS = BucketedHistogram(
     "tokenfeed_request_duration_seconds",
     "Time to answer a unary RPC, or to produce one message of a stream.",
-    ["method"],
-    buckets=_LATENCY,
-    registry=REGISTRY,
+    "method",
+    _LATENCY,
+    REGISTRY,
 )
 SERVED_TOKENS = Counter(
     "tokenfeed_served_tokens_total",
