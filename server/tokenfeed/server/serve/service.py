@@ -166,12 +166,13 @@ class TokenFeedServicer(pb_grpc.TokenFeedServicer):
                     "(or 0 to stream until cancelled)"
                 )
             report = report_of(context)  # the trainer's data waits (serve/waits.py)
-            async for batch in self.make.stream(
-                job, request.start_step, end, request.rank, ws, context
-            ):
+            batches = self.make.stream(job, request.start_step, end, request.rank, ws, context)
+            async for batch in batches:
                 yield batch
                 count_waits(job.name, report)  # once the first batch is delivered
-                report = None
+                break
+            async for batch in batches:  # the rest: nothing more a batch
+                yield batch
         except asyncio.CancelledError:  # the client went away
             metrics.REQUESTS.labels("StreamBatches", "CANCELLED").inc()
             raise
