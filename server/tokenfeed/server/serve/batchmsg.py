@@ -115,9 +115,9 @@ def group_messages(
     into the message, the fingerprint taken over them there (pack/rowmessages.py: in one C call
     for a group within one phase, which also writes each batch's own fields around the pieces
     its stream shares and takes each fingerprint itself); from a compact batch, from its
-    array. The job's fields are read once
-    for the group: it is made in one stretch of the event loop, which nothing changes in
-    between; a phase's fields and fingerprint header are looked up once, not once a batch."""
+    array. The job's fields are read once for the group: it is made in one stretch of the
+    event loop, which nothing changes in between; a phase's fields and fingerprint header are
+    looked up once, not once a batch."""
     n = len(steps)
     rows = whole.rows
     if n < 1 or len(epochs) != n or rows % n:
